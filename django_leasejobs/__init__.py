@@ -1,0 +1,1 @@
+"""Database-backed django.tasks backend with row leases and fenced writes."""
