@@ -1,1 +1,11 @@
-"""Database-backed django.tasks backend with row leases and fenced writes."""
+"""Database-backed django.tasks backend with row leases, fenced writes and self-healing workers.
+
+Public API: ``task`` (the decorator with per-task options), ``LeaseTask``,
+``Backoff``. The backend is ``django_leasejobs.backend.LeaseJobsBackend``.
+"""
+
+from .retry import Backoff
+from .lease_task import LeaseTask, task
+
+__all__ = ["Backoff", "LeaseTask", "task"]
+__version__ = "0.1.0"

@@ -1,0 +1,253 @@
+"""``LeaseJobsBackend``: the django.tasks backend that stores jobs in the site's database."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import IntegrityError, connections, transaction
+
+from . import registry
+from .compat import (
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_enqueued,
+)
+from .conf import Options, Problem, parse_options
+from .models import ACTIVE_STATUSES, AttemptOutcome, Job, JobAttempt, JobStatus
+from .serialization import json_arguments
+from .signals import job_enqueued
+from .lease_task import LeaseTask
+
+logger = logging.getLogger("django_leasejobs")
+
+NOTIFY_CHANNEL = "leasejobs"
+
+STATUS_TO_RESULT = {
+    JobStatus.PENDING: TaskResultStatus.READY,
+    JobStatus.RUNNING: TaskResultStatus.RUNNING,
+    JobStatus.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
+    JobStatus.FAILED: TaskResultStatus.FAILED,
+    JobStatus.DEAD: TaskResultStatus.FAILED,
+    JobStatus.CANCELLED: TaskResultStatus.FAILED,
+}
+
+TaskCall = tuple[Task, Sequence[Any], Mapping[str, Any]]
+
+
+class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
+    """Jobs in the database, run by ``manage.py runworker`` under row leases."""
+
+    task_class = LeaseTask
+    supports_defer = True
+    supports_priority = True
+    supports_get_result = True
+    supports_async_task = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.config: Options
+        self.problems: list[Problem]
+        self.config, self.problems = parse_options(params.get("OPTIONS") or {})
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def database(self) -> str:
+        return self.config.database
+
+    def require_valid_config(self) -> None:
+        """Raise ImproperlyConfigured if the OPTIONS have errors (checks report them too)."""
+        errors = [p for p in self.problems if not p.warning]
+        if errors:
+            raise ImproperlyConfigured(
+                f"TASKS[{self.alias!r}] is misconfigured: "
+                + " ".join(f"[{p.id}] {p.msg}" for p in errors)
+            )
+
+    def validate_task(self, task: Task) -> None:
+        super().validate_task(task)
+        registry.register(task)
+
+    def _new_job(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
+        self.validate_task(task)
+        json_args, json_kwargs = json_arguments(args, kwargs)
+        job = Job(
+            backend=self.alias,
+            queue=task.queue_name,
+            task_path=task.module_path,
+            args=json_args,
+            kwargs=json_kwargs,
+            priority=task.priority,
+            max_attempts=getattr(task, "max_attempts", None) or self.config.max_attempts,
+            max_stalls=getattr(task, "max_stalls", None) or self.config.max_stalls,
+            timeout=getattr(task, "timeout", None),
+            key=getattr(task, "key", None),
+        )
+        if task.run_after is not None:
+            job.run_after = task.run_after
+        return job
+
+    def _notify(self, queues: Iterable[str]) -> None:
+        """Wake idle workers. Inside a transaction PostgreSQL delivers it on commit only."""
+        connection = connections[self.database]
+        if connection.vendor != "postgresql":
+            return
+        with connection.cursor() as cursor:
+            for queue in sorted(set(queues)):
+                cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue])
+
+    def _announce(self, results: list[TaskResult]) -> None:
+        def send() -> None:
+            for result in results:
+                task_enqueued.send(type(self), task_result=result)
+                job_enqueued.send(
+                    type(self),
+                    job_id=int(result.id),
+                    backend=self.alias,
+                    task_path=result.task.module_path,
+                    queue=result.task.queue_name,
+                )
+
+        transaction.on_commit(send, using=self.database)
+
+    def _insert_keyed(self, job: Job) -> tuple[Job, bool]:
+        """Insert a job with a dedup key, or return the active job holding that key."""
+        jobs = Job.objects.using(self.database)
+        for _ in range(5):
+            existing = jobs.filter(key=job.key, status__in=ACTIVE_STATUSES).first()
+            if existing is not None:
+                return existing, False
+            try:
+                with transaction.atomic(using=self.database):
+                    job.save(using=self.database)
+                return job, True
+            except IntegrityError:
+                # Another producer inserted the key between our read and write: read again.
+                job.pk = None
+        raise IntegrityError(f"could not enqueue or find the job with key {job.key!r}")
+
+    # ------------------------------------------------------------------ django.tasks API
+
+    def enqueue(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:
+        """Store a job. Participates in the caller's transaction: a rollback leaves no job."""
+        self.require_valid_config()
+        job = self._new_job(task, args, kwargs)
+        created = True
+        if job.key is not None:
+            job, created = self._insert_keyed(job)
+        else:
+            job.save(using=self.database)
+        if not created:
+            logger.info(
+                "enqueue deduplicated by key",
+                extra={"job_id": job.pk, "key": job.key, "queue": job.queue,
+                       "backend": self.alias},
+            )
+            return self.result_from_job(job, task=task)
+        self._notify([job.queue])
+        result = self.result_from_job(job, task=task, attempts=[])
+        self._announce([result])
+        return result
+
+    def bulk_enqueue(self, calls: Iterable[TaskCall]) -> list[TaskResult]:
+        """Enqueue many task calls with one multi-row INSERT; all or nothing.
+
+        ``calls`` holds ``(task, args, kwargs)`` triples. Calls whose task carries a
+        dedup ``key`` go through :meth:`enqueue` one by one (same transaction).
+        """
+        self.require_valid_config()
+        prepared = [(task, self._new_job(task, args, kwargs)) for task, args, kwargs in calls]
+        results: list[TaskResult | None] = [None] * len(prepared)
+        with transaction.atomic(using=self.database):
+            plain = [(i, task, job) for i, (task, job) in enumerate(prepared) if job.key is None]
+            created = Job.objects.using(self.database).bulk_create(
+                [job for _, _, job in plain], batch_size=1000
+            )
+            fresh = []
+            for (i, task, _), job in zip(plain, created, strict=True):
+                results[i] = self.result_from_job(job, task=task, attempts=[])
+                fresh.append(results[i])
+            for i, (task, job) in enumerate(prepared):
+                if job.key is not None:
+                    results[i] = self.enqueue(task, job.args, job.kwargs)
+            self._notify(job.queue for _, _, job in plain)
+        self._announce([r for r in fresh if r is not None])
+        return [r for r in results if r is not None]
+
+    def get_result(self, result_id: str) -> TaskResult:
+        try:
+            job_id = int(result_id)
+        except (TypeError, ValueError):
+            raise TaskResultDoesNotExist(result_id) from None
+        job = Job.objects.using(self.database).filter(pk=job_id, backend=self.alias).first()
+        if job is None:
+            raise TaskResultDoesNotExist(result_id)
+        return self.result_from_job(job)
+
+    # ------------------------------------------------------------------ mapping
+
+    def result_from_job(
+        self,
+        job: Job,
+        *,
+        task: Task | None = None,
+        attempts: Sequence[JobAttempt] | None = None,
+    ) -> TaskResult:
+        """The django.tasks view of a job row (and its failed attempts)."""
+        if attempts is None:
+            attempts = list(JobAttempt.objects.using(self.database).filter(job_id=job.pk))
+        attempts = sorted(attempts, key=lambda a: a.attempt)
+        if task is None:
+            task = self._task_for(job)
+        worker_ids = [a.worker for a in attempts]
+        recorded = max((a.attempt for a in attempts), default=0)
+        if job.attempt > recorded and job.last_worker:
+            worker_ids.append(job.last_worker)
+        errors = [
+            TaskError(
+                exception_class_path=a.error_class or "django_leasejobs.exceptions.JobFailure",
+                traceback=a.traceback or f"{a.error_class}: {a.error_message}",
+            )
+            for a in attempts
+            if a.outcome != AttemptOutcome.RELEASED
+        ]
+        result = TaskResult(
+            task=task,
+            id=str(job.pk),
+            status=STATUS_TO_RESULT[JobStatus(job.status)],
+            enqueued_at=job.enqueued_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            last_attempted_at=job.last_attempted_at,
+            args=list(job.args),
+            kwargs=dict(job.kwargs),
+            backend=self.alias,
+            errors=errors,
+            worker_ids=worker_ids,
+        )
+        if job.status == JobStatus.SUCCEEDED:
+            object.__setattr__(result, "_return_value", job.result)
+        return result
+
+    def _task_for(self, job: Job) -> Task:
+        base = registry.resolve(job.task_path)
+        try:
+            return base.using(
+                priority=job.priority,
+                queue_name=job.queue,
+                run_after=job.run_after,
+                backend=self.alias,
+            )
+        except InvalidTask:
+            # The row's queue or priority is no longer valid for this backend's settings:
+            # report the job anyway, with the task's own defaults.
+            return replace(base) if base.backend == self.alias else base

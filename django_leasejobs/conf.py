@@ -1,0 +1,179 @@
+"""Typed options of a LeaseJobs backend, read once from ``TASKS[alias]["OPTIONS"]``.
+
+``parse_options`` never raises: it returns the options (invalid values replaced
+by defaults) plus a list of problems, which the system checks in ``checks.py``
+report with stable ids and which the worker refuses to start with.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .retry import Backoff, backoff_problems
+
+LockLostBehavior = Literal["sigkill", "sigterm"]
+LOCK_LOST_BEHAVIORS: tuple[str, ...] = ("sigkill", "sigterm")
+LOCK_LOST_ENV_VAR = "LEASEJOBS_LOCK_LOST_BEHAVIOR"
+BACKEND_PATH = "django_leasejobs.backend.LeaseJobsBackend"
+
+# Stable check ids, one per kind of problem.
+E_UNKNOWN_OPTION = "leasejobs.E001"
+E_BAD_VALUE = "leasejobs.E002"
+E_LOCK_LOST_BEHAVIOR = "leasejobs.E003"
+E_HEARTBEAT_NOT_BELOW_LEASE = "leasejobs.E004"
+E_UNKNOWN_DATABASE = "leasejobs.E005"
+E_DATABASE_FEATURES = "leasejobs.E006"
+W_HEARTBEAT_TOO_SLOW = "leasejobs.W001"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    id: str
+    msg: str
+    hint: str = ""
+    warning: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    lease_duration: float = 30.0
+    heartbeat_interval: float = 10.0
+    stale_lock_interval: float = 10.0
+    stale_lock_age: float = 0.0
+    max_attempts: int = 3
+    max_stalls: int = 3
+    retry_backoff: Backoff = field(default_factory=Backoff)
+    lock_lost_behavior: LockLostBehavior = "sigkill"
+    lock_lost_grace: float = 10.0
+    poll_interval: float = 1.0
+    database: str = "default"
+    imports: tuple[str, ...] = ()
+
+    @property
+    def local_lease_deadline(self) -> float:
+        """Seconds after the last renewal at which a worker treats a lease as lost."""
+        return self.lease_duration - self.heartbeat_interval
+
+
+# option name -> (attribute, kind, minimum, minimum is exclusive)
+_NUMBERS: dict[str, tuple[str, type, float, bool]] = {
+    "LEASE_DURATION": ("lease_duration", float, 0, True),
+    "HEARTBEAT_INTERVAL": ("heartbeat_interval", float, 0, True),
+    "STALE_LOCK_INTERVAL": ("stale_lock_interval", float, 0, False),
+    "STALE_LOCK_AGE": ("stale_lock_age", float, 0, False),
+    "MAX_ATTEMPTS": ("max_attempts", int, 1, False),
+    "MAX_STALLS": ("max_stalls", int, 1, False),
+    "LOCK_LOST_GRACE": ("lock_lost_grace", float, 0, False),
+    "POLL_INTERVAL": ("poll_interval", float, 0, True),
+}
+KNOWN_OPTIONS = frozenset(
+    {*_NUMBERS, "RETRY_BACKOFF", "LOCK_LOST_BEHAVIOR", "DATABASE", "IMPORTS"}
+)
+
+
+def _number_problem(name: str, value: Any, kind: type, minimum: float, exclusive: bool) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"{name} must be a {'whole number' if kind is int else 'number'}, got {value!r}"
+    if kind is int and int(value) != value:
+        return f"{name} must be a whole number, got {value!r}"
+    if (exclusive and value <= minimum) or (not exclusive and value < minimum):
+        return f"{name} must be {'>' if exclusive else '>='} {minimum:g}, got {value!r}"
+    return ""
+
+
+def parse_options(
+    raw: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
+) -> tuple[Options, list[Problem]]:
+    """Read backend OPTIONS into :class:`Options`; return it with every problem found."""
+    raw = dict(raw or {})
+    environ = os.environ if environ is None else environ
+    problems: list[Problem] = []
+    values: dict[str, Any] = {}
+
+    for name in sorted(set(raw) - KNOWN_OPTIONS, key=str):
+        problems.append(
+            Problem(
+                E_UNKNOWN_OPTION,
+                f"Unknown django-leasejobs option {name!r}.",
+                hint=f"Known options: {', '.join(sorted(KNOWN_OPTIONS))}.",
+            )
+        )
+
+    for name, (attr, kind, minimum, exclusive) in _NUMBERS.items():
+        if name not in raw:
+            continue
+        message = _number_problem(name, raw[name], kind, minimum, exclusive)
+        if message:
+            problems.append(Problem(E_BAD_VALUE, message))
+        else:
+            values[attr] = kind(raw[name])
+
+    if "RETRY_BACKOFF" in raw:
+        found = backoff_problems(raw["RETRY_BACKOFF"])
+        if found:
+            problems.append(Problem(E_BAD_VALUE, "RETRY_BACKOFF " + "; ".join(found)))
+        else:
+            values["retry_backoff"] = Backoff.from_value(raw["RETRY_BACKOFF"])
+
+    if "DATABASE" in raw:
+        if isinstance(raw["DATABASE"], str) and raw["DATABASE"]:
+            values["database"] = raw["DATABASE"]
+        else:
+            problems.append(
+                Problem(E_BAD_VALUE, f"DATABASE must be a database alias, got {raw['DATABASE']!r}")
+            )
+
+    if "IMPORTS" in raw:
+        imports = raw["IMPORTS"]
+        if isinstance(imports, list | tuple) and all(isinstance(m, str) for m in imports):
+            values["imports"] = tuple(imports)
+        else:
+            problems.append(
+                Problem(E_BAD_VALUE, f"IMPORTS must be a list of module paths, got {imports!r}")
+            )
+
+    behavior_sources = []
+    if "LOCK_LOST_BEHAVIOR" in raw:
+        behavior_sources.append(("LOCK_LOST_BEHAVIOR option", raw["LOCK_LOST_BEHAVIOR"]))
+    if environ.get(LOCK_LOST_ENV_VAR):
+        behavior_sources.append((f"{LOCK_LOST_ENV_VAR} environment variable", environ[LOCK_LOST_ENV_VAR]))
+    for source, behavior in behavior_sources:  # later sources (the environment) win
+        normalized = behavior.strip().lower() if isinstance(behavior, str) else behavior
+        if normalized in LOCK_LOST_BEHAVIORS:
+            values["lock_lost_behavior"] = normalized
+        else:
+            problems.append(
+                Problem(
+                    E_LOCK_LOST_BEHAVIOR,
+                    f"Unknown lock-lost behaviour {behavior!r} in the {source}.",
+                    hint='Use "sigkill" (default) or "sigterm".',
+                )
+            )
+
+    options = Options(**values)
+    if options.heartbeat_interval >= options.lease_duration:
+        problems.append(
+            Problem(
+                E_HEARTBEAT_NOT_BELOW_LEASE,
+                f"HEARTBEAT_INTERVAL ({options.heartbeat_interval:g}s) must be shorter than "
+                f"LEASE_DURATION ({options.lease_duration:g}s): every lease would expire "
+                "before it is renewed.",
+                hint="Keep HEARTBEAT_INTERVAL at most a third of LEASE_DURATION.",
+            )
+        )
+        options = Options(**{**values, "heartbeat_interval": options.lease_duration / 3})
+    elif options.heartbeat_interval > options.lease_duration / 3:
+        problems.append(
+            Problem(
+                W_HEARTBEAT_TOO_SLOW,
+                f"HEARTBEAT_INTERVAL ({options.heartbeat_interval:g}s) is above a third of "
+                f"LEASE_DURATION ({options.lease_duration:g}s): one slow or missed heartbeat "
+                "can lose a lease.",
+                hint="Keep HEARTBEAT_INTERVAL at most a third of LEASE_DURATION.",
+                warning=True,
+            )
+        )
+    return options, problems

@@ -1,0 +1,56 @@
+"""Exceptions raised by django-leasejobs.
+
+The classes named in a failed attempt's ``TaskError.exception_class_path`` for
+outcomes that are not a Python exception raised by the task itself (lease
+expiry, timeout, kill, cancel) live here too, so the path always imports.
+"""
+
+from __future__ import annotations
+
+from .compat import InvalidTask
+
+
+class LeaseLost(Exception):  # noqa: N818 - the name is the concept
+    """A fenced write matched no row: this worker no longer owns the attempt."""
+
+    def __init__(self, job_id: int, attempt: int, worker_id: str, transition: str) -> None:
+        self.job_id = job_id
+        self.attempt = attempt
+        self.worker_id = worker_id
+        self.transition = transition
+        super().__init__(
+            f"lease lost: {transition} of job {job_id} attempt {attempt} by worker "
+            f"{worker_id!r} matched no row (the attempt was reaped, re-claimed or finished)"
+        )
+
+
+class InvalidTaskArguments(InvalidTask, TypeError):
+    """Task arguments (or a result) that cannot be stored as JSON."""
+
+
+class UnknownTask(InvalidTask):
+    """A job row names something that is not a registered task."""
+
+
+class JobFailure(Exception):
+    """Base class for attempt outcomes that are not an exception raised by the task."""
+
+
+class LeaseExpired(JobFailure):
+    """The attempt's lease expired (the worker died, froze or lost the database)."""
+
+
+class JobTimeout(JobFailure):
+    """The attempt ran past the task's timeout and was killed."""
+
+
+class JobKilled(JobFailure):
+    """The attempt's process died or was killed."""
+
+
+class JobCancelled(JobFailure):
+    """The job was cancelled while this attempt ran."""
+
+
+class JobReleased(JobFailure):
+    """The worker shut down and put the job back to pending."""

@@ -1,0 +1,692 @@
+"""The lease protocol: one function per state transition of a job.
+
+Every transition is a single conditional UPDATE whose WHERE re-checks what the
+transition assumes (status, and for the lease holder's writes ``locked_by`` AND
+``attempt``), and whose row count is checked. A write by a caller that no longer
+holds the lease matches no row and raises :class:`LeaseLost`; it never changes
+anything. All times are the database's clock.
+
+Vendor SQL lives here and only here:
+
+* PostgreSQL: the claim is one statement, a CTE with ``FOR UPDATE SKIP LOCKED``
+  feeding ``UPDATE ... RETURNING``; renewals and reaps use ``UPDATE ... RETURNING``.
+* SQLite: the same statements without row locks (SQLite serialises writers, and a
+  single UPDATE statement takes the write lock before it reads).
+* Other databases (MySQL 8, MariaDB 10.6+): the ORM, with
+  ``select_for_update(skip_locked=True)`` inside a transaction.
+
+This module knows nothing of processes, threads or signals.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import Enum
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import Case, DateTimeField, ExpressionWrapper, F, Q, Value, When
+from django.db.models.functions import Now
+
+from .exceptions import LeaseLost
+from .models import AttemptOutcome, Job, JobAttempt, JobStatus
+
+RETURNING_VENDORS = frozenset({"postgresql", "sqlite"})
+MAX_ERROR_LENGTH = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """What a worker needs to run one claimed attempt."""
+
+    id: int
+    attempt: int
+    task_path: str
+    queue: str
+    priority: int
+    args: list[Any]
+    kwargs: dict[str, Any]
+    timeout: float | None
+    max_attempts: int
+    checkpoint: Any
+
+    @property
+    def lease(self) -> tuple[int, int]:
+        return (self.id, self.attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    fraction: float | None
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RenewResult:
+    held: frozenset[tuple[int, int]]
+    """Leases this call renewed: (job id, attempt)."""
+    lost: frozenset[tuple[int, int]]
+    """Leases asked for and not renewed: the worker must stop those attempts now."""
+    cancel_requested: frozenset[tuple[int, int]]
+    """Held leases whose job an operator asked to cancel."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReapedJob:
+    id: int
+    attempt: int
+    worker: str
+    status: str
+    queue: str
+    task_path: str
+    stall_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """Why an attempt did not succeed, as stored on its JobAttempt row."""
+
+    exception_class_path: str
+    message: str = ""
+    traceback: str = ""
+
+
+class CancelResult(str, Enum):
+    CANCELLED = "cancelled"
+    """The job was pending and is now cancelled."""
+    REQUESTED = "requested"
+    """The job is running; its worker will stop it at its next heartbeat."""
+    NOT_CANCELLABLE = "not_cancellable"
+    """The job had already finished (or a cancel was already requested)."""
+    NOT_FOUND = "not_found"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _vendor(using: str) -> str:
+    return connections[using].vendor
+
+
+def _q(using: str, name: str) -> str:
+    return connections[using].ops.quote_name(name)
+
+
+def _job_table(using: str) -> str:
+    return _q(using, Job._meta.db_table)
+
+
+def _attempt_table(using: str) -> str:
+    return _q(using, JobAttempt._meta.db_table)
+
+
+def _now_sql(vendor: str) -> str:
+    if vendor == "postgresql":
+        return "now()"
+    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+
+
+def _now_offset_sql(vendor: str) -> str:
+    """SQL for now() + N seconds; takes one parameter made by :func:`_offset_param`."""
+    if vendor == "postgresql":
+        return "(now() + make_interval(secs => %s))"
+    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+
+
+def _offset_param(vendor: str, seconds: float) -> Any:
+    if vendor == "postgresql":
+        return float(seconds)
+    return f"{float(seconds):+.6f} seconds"
+
+
+def _now_plus(seconds: float) -> ExpressionWrapper:
+    return ExpressionWrapper(
+        Now() + Value(timedelta(seconds=seconds)), output_field=DateTimeField()
+    )
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _placeholders(count: int) -> str:
+    return ", ".join(["%s"] * count)
+
+
+def _fenced(job_id: int, attempt: int, worker_id: str, using: str):  # type: ignore[no-untyped-def]
+    """The lease holder's fence: this job, this attempt, this worker, still running."""
+    return Job.objects.using(using).filter(
+        pk=job_id, attempt=attempt, locked_by=worker_id, status=JobStatus.RUNNING
+    )
+
+
+_CLAIM_COLUMNS = (
+    "id", "attempt", "task_path", "queue", "priority", "args", "kwargs",
+    "timeout", "max_attempts", "checkpoint",
+)
+
+
+def _claimed(row: Sequence[Any]) -> ClaimedJob:
+    values = dict(zip(_CLAIM_COLUMNS, row, strict=True))
+    return ClaimedJob(
+        id=int(values["id"]),
+        attempt=int(values["attempt"]),
+        task_path=values["task_path"],
+        queue=values["queue"],
+        priority=int(values["priority"]),
+        args=_json(values["args"]) or [],
+        kwargs=_json(values["kwargs"]) or {},
+        timeout=values["timeout"],
+        max_attempts=int(values["max_attempts"]),
+        checkpoint=_json(values["checkpoint"]),
+    )
+
+
+# --------------------------------------------------------------------------- claim
+
+
+def claim(
+    worker_id: str,
+    *,
+    limit: int,
+    lease_duration: float,
+    backend: str = "default",
+    queues: Sequence[str] | None = None,
+    using: str = "default",
+) -> list[ClaimedJob]:
+    """Claim up to ``limit`` ready jobs for ``worker_id``: pending, ``run_after`` passed.
+
+    Order: priority (high first), then ``run_after``, then id. Each claimed row
+    becomes ``running`` with ``attempt + 1`` and a lease of ``lease_duration``
+    seconds, in the same statement: a running row without a lease cannot exist.
+    """
+    if limit <= 0:
+        return []
+    if queues is not None and not queues:
+        return []
+    vendor = _vendor(using)
+    if vendor not in RETURNING_VENDORS:
+        return _claim_orm(worker_id, limit, lease_duration, backend, queues, using)
+
+    table = _job_table(using)
+    now = _now_sql(vendor)
+    filters = ["status = 'pending'", "backend = %s", f"run_after <= {now}"]
+    params: list[Any] = [backend]
+    if queues is not None:
+        filters.append(f"queue IN ({_placeholders(len(queues))})")
+        params.extend(queues)
+    lock = " FOR UPDATE SKIP LOCKED" if vendor == "postgresql" else ""
+    returning = ", ".join(_q(using, c) for c in _CLAIM_COLUMNS)
+    sql = (
+        f"WITH picked AS (SELECT id FROM {table} WHERE {' AND '.join(filters)} "
+        f"ORDER BY priority DESC, run_after, id LIMIT %s{lock}) "
+        f"UPDATE {table} SET status = 'running', attempt = attempt + 1, locked_by = %s, "
+        f"locked_until = {_now_offset_sql(vendor)}, heartbeat_at = {now}, last_worker = %s, "
+        f"started_at = COALESCE(started_at, {now}), last_attempted_at = {now}, "
+        "cancel_requested = %s, progress = NULL, progress_message = '' "
+        f"WHERE id IN (SELECT id FROM picked) AND status = 'pending' "
+        f"RETURNING {returning}"
+    )
+    params += [limit, worker_id, _offset_param(vendor, lease_duration), worker_id, False]
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [_claimed(row) for row in rows]
+
+
+def _claim_orm(
+    worker_id: str,
+    limit: int,
+    lease_duration: float,
+    backend: str,
+    queues: Sequence[str] | None,
+    using: str,
+) -> list[ClaimedJob]:
+    with transaction.atomic(using=using):
+        ready = Job.objects.using(using).ready().filter(backend=backend)
+        if queues is not None:
+            ready = ready.filter(queue__in=list(queues))
+        ids = list(
+            ready.select_for_update(skip_locked=True)
+            .order_by("-priority", "run_after", "id")
+            .values_list("id", flat=True)[:limit]
+        )
+        if not ids:
+            return []
+        Job.objects.using(using).filter(pk__in=ids, status=JobStatus.PENDING).update(
+            status=JobStatus.RUNNING,
+            attempt=F("attempt") + 1,
+            locked_by=worker_id,
+            locked_until=_now_plus(lease_duration),
+            heartbeat_at=Now(),
+            last_worker=worker_id,
+            started_at=Case(When(started_at__isnull=True, then=Now()), default=F("started_at")),
+            last_attempted_at=Now(),
+            cancel_requested=False,
+            progress=None,
+            progress_message="",
+        )
+        rows = (
+            Job.objects.using(using)
+            .filter(pk__in=ids, locked_by=worker_id, status=JobStatus.RUNNING)
+            .values_list(*_CLAIM_COLUMNS)
+        )
+        return [_claimed(row) for row in rows]
+
+
+# --------------------------------------------------------------------------- renew
+
+
+def renew(
+    worker_id: str,
+    leases: Mapping[tuple[int, int], Progress | None] | Iterable[tuple[int, int]],
+    *,
+    lease_duration: float,
+    using: str = "default",
+) -> RenewResult:
+    """Extend every lease of ``worker_id`` named in ``leases`` in one statement.
+
+    ``leases`` maps (job id, attempt) to the attempt's latest progress (or None),
+    or is a plain iterable of (job id, attempt). A lease missing from the result's
+    ``held`` set is lost: the job was reaped, re-claimed or finished meanwhile.
+    """
+    wanted: dict[tuple[int, int], Progress | None] = (
+        dict(leases) if isinstance(leases, Mapping) else dict.fromkeys(leases)
+    )
+    if not wanted:
+        return RenewResult(frozenset(), frozenset(), frozenset())
+    vendor = _vendor(using)
+    if vendor not in RETURNING_VENDORS:
+        return _renew_orm(worker_id, wanted, lease_duration, using)
+
+    if vendor == "postgresql":
+        types = ("bigint", "integer", "double precision", "varchar")
+    else:
+        types = ("INTEGER", "INTEGER", "REAL", "TEXT")
+    row_sql = "(" + ", ".join(f"CAST(%s AS {t})" for t in types) + ")"
+    values_sql = ", ".join([row_sql] * len(wanted))
+    params: list[Any] = [_offset_param(vendor, lease_duration)]
+    for (job_id, attempt), progress in wanted.items():
+        params += [
+            job_id,
+            attempt,
+            progress.fraction if progress else None,
+            (progress.message or "")[:255] if progress and progress.message is not None else None,
+        ]
+    params.append(worker_id)
+    table = _job_table(using)
+    now = _now_sql(vendor)
+    sql = (
+        f"UPDATE {table} AS j SET locked_until = {_now_offset_sql(vendor)}, "
+        f"heartbeat_at = {now}, "
+        "progress = COALESCE(v.column3, j.progress), "
+        "progress_message = COALESCE(v.column4, j.progress_message) "
+        f"FROM (VALUES {values_sql}) AS v "
+        "WHERE j.id = v.column1 AND j.attempt = v.column2 "
+        "AND j.status = 'running' AND j.locked_by = %s "
+        "RETURNING id, attempt, cancel_requested"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return _renew_result(wanted, rows)
+
+
+def _renew_result(
+    wanted: Mapping[tuple[int, int], Any], rows: Iterable[Sequence[Any]]
+) -> RenewResult:
+    held = set()
+    cancel = set()
+    for job_id, attempt, cancel_requested in rows:
+        lease = (int(job_id), int(attempt))
+        held.add(lease)
+        if cancel_requested:
+            cancel.add(lease)
+    return RenewResult(
+        held=frozenset(held),
+        lost=frozenset(set(wanted) - held),
+        cancel_requested=frozenset(cancel),
+    )
+
+
+def _renew_orm(
+    worker_id: str,
+    wanted: Mapping[tuple[int, int], Progress | None],
+    lease_duration: float,
+    using: str,
+) -> RenewResult:
+    match = Q()
+    for job_id, attempt in wanted:
+        match |= Q(pk=job_id, attempt=attempt)
+    mine = Job.objects.using(using).filter(match, status=JobStatus.RUNNING, locked_by=worker_id)
+    with transaction.atomic(using=using):
+        mine.update(locked_until=_now_plus(lease_duration), heartbeat_at=Now())
+        for (job_id, attempt), progress in wanted.items():
+            if progress is not None:
+                changes: dict[str, Any] = {"progress": progress.fraction}
+                if progress.message is not None:
+                    changes["progress_message"] = progress.message[:255]
+                _fenced(job_id, attempt, worker_id, using).update(**changes)
+        rows = list(mine.values_list("id", "attempt", "cancel_requested"))
+    return _renew_result(wanted, rows)
+
+
+# --------------------------------------------------------------------------- lease holder's writes
+
+
+def complete(
+    job_id: int, attempt: int, worker_id: str, *, result: Any = None, using: str = "default"
+) -> None:
+    """Record a successful attempt: ``succeeded``, the result, the lease cleared."""
+    changed = _fenced(job_id, attempt, worker_id, using).update(
+        status=JobStatus.SUCCEEDED,
+        result=result,
+        locked_by=None,
+        locked_until=None,
+        finished_at=Now(),
+        cancel_requested=False,
+        progress=Case(When(progress__isnull=False, then=Value(1.0)), default=Value(None)),
+    )
+    if changed != 1:
+        raise LeaseLost(job_id, attempt, worker_id, "complete")
+
+
+def fail(
+    job_id: int,
+    attempt: int,
+    worker_id: str,
+    *,
+    error: ErrorInfo,
+    retry_delay: float | None,
+    outcome: str = AttemptOutcome.ERROR,
+    using: str = "default",
+) -> str:
+    """Record a failed attempt; return the job's new status.
+
+    With a ``retry_delay`` the job goes back to ``pending`` with ``run_after`` that
+    many seconds in the future, unless its attempts are used up (``attempt >=
+    max_attempts``), in which case it is ``failed``. ``retry_delay=None`` fails it
+    for good (for example a job naming an unknown task).
+    """
+    if retry_delay is None:
+        status: Any = Value(JobStatus.FAILED)
+        run_after: Any = F("run_after")
+        finished_at: Any = Now()
+    else:
+        retrying = Q(attempt__lt=F("max_attempts"))
+        status = Case(When(retrying, then=Value(JobStatus.PENDING)), default=Value(JobStatus.FAILED))
+        run_after = Case(When(retrying, then=_now_plus(retry_delay)), default=F("run_after"))
+        finished_at = Case(
+            When(retrying, then=Value(None)), default=Now(), output_field=DateTimeField()
+        )
+    return _end_attempt(
+        job_id, attempt, worker_id, "fail", using=using, error=error, outcome=outcome,
+        status=status, run_after=run_after, finished_at=finished_at,
+    )
+
+
+def release(job_id: int, attempt: int, worker_id: str, *, using: str = "default") -> None:
+    """Put a running job back to ``pending`` at once, without counting a stall.
+
+    For a worker that shuts down before the attempt finished. The attempt is
+    recorded with outcome ``released``.
+    """
+    _end_attempt(
+        job_id, attempt, worker_id, "release", using=using,
+        error=ErrorInfo(
+            "django_leasejobs.exceptions.JobReleased",
+            f"worker {worker_id} shut down and released the job",
+        ),
+        outcome=AttemptOutcome.RELEASED,
+        status=Value(JobStatus.PENDING), run_after=Now(), finished_at=None,
+    )
+
+
+def mark_cancelled(
+    job_id: int, attempt: int, worker_id: str, *, using: str = "default"
+) -> None:
+    """Record that the worker stopped a running attempt because a cancel was requested."""
+    _end_attempt(
+        job_id, attempt, worker_id, "cancel", using=using,
+        error=ErrorInfo(
+            "django_leasejobs.exceptions.JobCancelled", "cancelled while running"
+        ),
+        outcome=AttemptOutcome.CANCELLED,
+        status=Value(JobStatus.CANCELLED), run_after=F("run_after"), finished_at=Now(),
+    )
+
+
+def _end_attempt(
+    job_id: int,
+    attempt: int,
+    worker_id: str,
+    transition: str,
+    *,
+    using: str,
+    error: ErrorInfo,
+    outcome: str,
+    status: Any,
+    run_after: Any,
+    finished_at: Any,
+) -> str:
+    """The fenced UPDATE ending an attempt that did not succeed, plus its attempt row."""
+    message = error.message[:MAX_ERROR_LENGTH]
+    with transaction.atomic(using=using):
+        changed = _fenced(job_id, attempt, worker_id, using).update(
+            status=status,
+            run_after=run_after,
+            finished_at=finished_at,
+            locked_by=None,
+            locked_until=None,
+            cancel_requested=False,
+            last_error=f"{error.exception_class_path}: {message}" if message else error.exception_class_path,
+        )
+        if changed != 1:
+            raise LeaseLost(job_id, attempt, worker_id, transition)
+        _insert_attempt_rows(
+            [job_id], outcome=outcome, error=error, worker=worker_id, using=using
+        )
+        new_status = Job.objects.using(using).filter(pk=job_id).values_list("status", flat=True).get()
+    return str(new_status)
+
+
+def _insert_attempt_rows(
+    job_ids: Sequence[int],
+    *,
+    outcome: str,
+    error: ErrorInfo,
+    worker: str | None,
+    using: str,
+) -> None:
+    """One JobAttempt row per job for its current attempt, copied from the job row."""
+    if not job_ids:
+        return
+    q = lambda name: _q(using, name)  # noqa: E731
+    worker_sql = "%s" if worker is not None else q("last_worker")
+    params: list[Any] = []
+    if worker is not None:
+        params.append(worker)
+    params += [
+        outcome,
+        error.exception_class_path,
+        error.message[:MAX_ERROR_LENGTH],
+        error.traceback,
+        *job_ids,
+    ]
+    columns = ", ".join(
+        q(c)
+        for c in ("job_id", "attempt", "worker", "outcome", "error_class", "error_message",
+                  "traceback", "started_at")
+    )
+    sql = (
+        f"INSERT INTO {_attempt_table(using)} ({columns}) "
+        f"SELECT {q('id')}, {q('attempt')}, {worker_sql}, %s, %s, %s, %s, {q('last_attempted_at')} "
+        f"FROM {_job_table(using)} WHERE {q('id')} IN ({_placeholders(len(job_ids))})"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def save_checkpoint(
+    job_id: int, attempt: int, worker_id: str, data: Any, *, using: str = "default"
+) -> None:
+    """Store the job's checkpoint (kept across attempts, so a retry can resume)."""
+    if _fenced(job_id, attempt, worker_id, using).update(checkpoint=data) != 1:
+        raise LeaseLost(job_id, attempt, worker_id, "checkpoint")
+
+
+def set_progress(
+    job_id: int,
+    attempt: int,
+    worker_id: str,
+    progress: Progress,
+    *,
+    using: str = "default",
+) -> None:
+    """Store progress at once (workers normally send it with the next renewal instead)."""
+    changes: dict[str, Any] = {"progress": progress.fraction}
+    if progress.message is not None:
+        changes["progress_message"] = progress.message[:255]
+    if _fenced(job_id, attempt, worker_id, using).update(**changes) != 1:
+        raise LeaseLost(job_id, attempt, worker_id, "progress")
+
+
+# --------------------------------------------------------------------------- reap
+
+
+_REAP_ERROR = ErrorInfo(
+    "django_leasejobs.exceptions.LeaseExpired",
+    "lease expired: the worker stopped renewing it (it died, froze or lost the database)",
+)
+
+
+def _stale(stale_lock_age: float, using: str) -> Q:
+    return Q(status=JobStatus.RUNNING, locked_until__lt=_now_plus(-stale_lock_age))
+
+
+def find_stale(
+    *, stale_lock_age: float = 0.0, backend: str | None = None, using: str = "default"
+) -> list[Job]:
+    """Running jobs whose lease expired more than ``stale_lock_age`` seconds ago (read only)."""
+    jobs = Job.objects.using(using).filter(_stale(stale_lock_age, using))
+    if backend is not None:
+        jobs = jobs.filter(backend=backend)
+    return list(jobs.order_by("id"))
+
+
+def reap(
+    *, stale_lock_age: float = 0.0, backend: str | None = None, using: str = "default"
+) -> list[ReapedJob]:
+    """Recover every running job whose lease expired ``stale_lock_age`` seconds ago or more.
+
+    Set-based and safe to run concurrently (two reapers reap a job once): the
+    UPDATE re-checks ``status='running'`` and the expiry on the row it changes,
+    so a completion that raced the reaper is never overwritten. Each reaped job
+    gets ``stall_count + 1`` and becomes ``dead`` when that reaches
+    ``max_stalls``, else ``failed`` when its attempts are used up, else
+    ``pending`` (runnable at once). Each reaped attempt gets a JobAttempt row with
+    outcome ``lease_expired``.
+    """
+    vendor = _vendor(using)
+    with transaction.atomic(using=using):
+        if vendor in RETURNING_VENDORS:
+            rows = _reap_returning(vendor, stale_lock_age, backend, using)
+        else:
+            rows = _reap_orm(stale_lock_age, backend, using)
+        _insert_attempt_rows(
+            [r.id for r in rows], outcome=AttemptOutcome.LEASE_EXPIRED, error=_REAP_ERROR,
+            worker=None, using=using,
+        )
+    return rows
+
+
+_REAP_RETURNING = ("id", "attempt", "last_worker", "status", "queue", "task_path", "stall_count")
+
+
+def _reap_returning(
+    vendor: str, stale_lock_age: float, backend: str | None, using: str
+) -> list[ReapedJob]:
+    table = _job_table(using)
+    now = _now_sql(vendor)
+    params: list[Any] = [_REAP_ERROR.exception_class_path + ": " + _REAP_ERROR.message]
+    where = f"status = 'running' AND locked_until < {_now_offset_sql(vendor)}"
+    params.append(_offset_param(vendor, -stale_lock_age))
+    if backend is not None:
+        where += " AND backend = %s"
+        params.append(backend)
+    terminal = "stall_count + 1 >= max_stalls OR attempt >= max_attempts"
+    sql = (
+        f"UPDATE {table} SET "
+        "status = CASE WHEN stall_count + 1 >= max_stalls THEN 'dead' "
+        "WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END, "
+        "stall_count = stall_count + 1, locked_by = NULL, locked_until = NULL, "
+        f"run_after = CASE WHEN {terminal} THEN run_after ELSE {now} END, "
+        f"finished_at = CASE WHEN {terminal} THEN {now} ELSE NULL END, "
+        "last_error = %s "
+        f"WHERE {where} RETURNING {', '.join(_REAP_RETURNING)}"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [_reaped(row) for row in rows]
+
+
+def _reaped(row: Sequence[Any]) -> ReapedJob:
+    values = dict(zip(_REAP_RETURNING, row, strict=True))
+    return ReapedJob(
+        id=int(values["id"]),
+        attempt=int(values["attempt"]),
+        worker=values["last_worker"],
+        status=values["status"],
+        queue=values["queue"],
+        task_path=values["task_path"],
+        stall_count=int(values["stall_count"]),
+    )
+
+
+def _reap_orm(stale_lock_age: float, backend: str | None, using: str) -> list[ReapedJob]:
+    stale = Job.objects.using(using).filter(_stale(stale_lock_age, using))
+    if backend is not None:
+        stale = stale.filter(backend=backend)
+    ids = list(stale.select_for_update(skip_locked=True).values_list("id", flat=True))
+    if not ids:
+        return []
+    dead = Q(stall_count__gte=F("max_stalls") - 1)
+    exhausted = Q(attempt__gte=F("max_attempts"))
+    stale.filter(pk__in=ids).update(
+        status=Case(
+            When(dead, then=Value(JobStatus.DEAD)),
+            When(exhausted, then=Value(JobStatus.FAILED)),
+            default=Value(JobStatus.PENDING),
+        ),
+        stall_count=F("stall_count") + 1,
+        locked_by=None,
+        locked_until=None,
+        run_after=Case(When(dead | exhausted, then=F("run_after")), default=Now()),
+        finished_at=Case(When(dead | exhausted, then=Now()), default=Value(None)),
+        last_error=_REAP_ERROR.exception_class_path + ": " + _REAP_ERROR.message,
+    )
+    rows = Job.objects.using(using).filter(pk__in=ids).values_list(*_REAP_RETURNING)
+    return [_reaped(row) for row in rows]
+
+
+# --------------------------------------------------------------------------- cancel
+
+
+def cancel(job_id: int, *, using: str = "default") -> CancelResult:
+    """Cancel a job: a pending one at once; a running one by flagging it for its worker."""
+    jobs = Job.objects.using(using).filter(pk=job_id)
+    if jobs.filter(status=JobStatus.PENDING).update(
+        status=JobStatus.CANCELLED, finished_at=Now()
+    ):
+        return CancelResult.CANCELLED
+    if jobs.filter(status=JobStatus.RUNNING, cancel_requested=False).update(
+        cancel_requested=True
+    ):
+        return CancelResult.REQUESTED
+    if jobs.exists():
+        return CancelResult.NOT_CANCELLABLE
+    return CancelResult.NOT_FOUND

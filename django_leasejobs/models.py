@@ -1,0 +1,210 @@
+"""The job store: jobs (with their lease), failed attempts, and the worker registry."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
+
+MIN_PRIORITY = -100
+MAX_PRIORITY = 100
+
+
+class JobStatus(models.TextChoices):
+    PENDING = "pending", _("Pending")
+    RUNNING = "running", _("Running")
+    SUCCEEDED = "succeeded", _("Succeeded")
+    FAILED = "failed", _("Failed")
+    DEAD = "dead", _("Dead")
+    CANCELLED = "cancelled", _("Cancelled")
+
+
+ACTIVE_STATUSES = (JobStatus.PENDING, JobStatus.RUNNING)
+FINISHED_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DEAD, JobStatus.CANCELLED)
+
+
+class AttemptOutcome(models.TextChoices):
+    ERROR = "error", _("Error")
+    TIMEOUT = "timeout", _("Timeout")
+    LEASE_EXPIRED = "lease_expired", _("Lease expired")
+    KILLED = "killed", _("Killed")
+    CANCELLED = "cancelled", _("Cancelled")
+    RELEASED = "released", _("Released at shutdown")
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def pending(self) -> JobQuerySet:
+        return self.filter(status=JobStatus.PENDING)
+
+    def running(self) -> JobQuerySet:
+        return self.filter(status=JobStatus.RUNNING)
+
+    def finished(self) -> JobQuerySet:
+        return self.filter(status__in=FINISHED_STATUSES)
+
+    def ready(self) -> JobQuerySet:
+        """Pending jobs whose ``run_after`` has passed (database clock)."""
+        return self.filter(status=JobStatus.PENDING, run_after__lte=Now())
+
+    def expired(self) -> JobQuerySet:
+        """Running jobs whose lease has expired (database clock)."""
+        return self.filter(status=JobStatus.RUNNING, locked_until__lt=Now())
+
+
+class Job(models.Model):
+    """One unit of work. A running job always carries a lease: locked_by, locked_until, attempt."""
+
+    backend = models.CharField(max_length=64, default="default")
+    queue = models.CharField(max_length=128, default="default")
+    task_path = models.CharField(max_length=512)
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    priority = models.SmallIntegerField(default=0)
+    run_after = models.DateTimeField(db_default=Now())
+    status = models.CharField(
+        max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING
+    )
+
+    attempt = models.PositiveIntegerField(
+        default=0, help_text="Incremented by every claim; the fencing token of the lease."
+    )
+    max_attempts = models.PositiveIntegerField(default=3)
+    stall_count = models.PositiveIntegerField(
+        default=0, help_text="Attempts whose lease expired and were reaped."
+    )
+    max_stalls = models.PositiveIntegerField(default=3)
+
+    locked_by = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    locked_until = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    last_worker = models.CharField(max_length=255, blank=True, default="")
+    cancel_requested = models.BooleanField(default=False)
+
+    key = models.CharField(  # noqa: DJ001 - NULL means "no dedup key", unlike ""
+        max_length=255, null=True, blank=True,
+        help_text="Optional dedup key, unique among pending and running jobs.",
+    )
+    timeout = models.FloatField(null=True, blank=True, help_text="Seconds per attempt.")
+
+    progress = models.FloatField(null=True, blank=True)
+    progress_message = models.CharField(max_length=255, blank=True, default="")
+    checkpoint = models.JSONField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+
+    enqueued_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        db_table = "leasejobs_job"
+        verbose_name = _("job")
+        verbose_name_plural = _("jobs")
+        indexes = [
+            # Matches the claim's WHERE and ORDER BY, and stays small: only pending rows.
+            models.Index(
+                "backend",
+                "queue",
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="leasejobs_job_claim_idx",
+                condition=Q(status="pending"),
+            ),
+            # The reaper and renewals scan running rows only. Neither locked_until nor
+            # heartbeat_at is indexed anywhere, so heartbeat UPDATEs stay HOT.
+            models.Index(
+                fields=["locked_by"],
+                name="leasejobs_job_running_idx",
+                condition=Q(status="running"),
+            ),
+            models.Index(fields=["status", "finished_at"], name="leasejobs_job_finished_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(priority__gte=MIN_PRIORITY) & Q(priority__lte=MAX_PRIORITY),
+                name="leasejobs_job_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=JobStatus.values), name="leasejobs_job_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="running")
+                | (Q(locked_by__isnull=False) & Q(locked_until__isnull=False)),
+                name="leasejobs_job_running_has_lease",
+            ),
+            models.UniqueConstraint(
+                fields=["key"],
+                condition=Q(status__in=["pending", "running"]) & Q(key__isnull=False),
+                name="leasejobs_job_active_key_unique",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.task_path} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED_STATUSES
+
+
+class JobAttempt(models.Model):
+    """One attempt of a job that did not succeed (successful attempts only touch the job row)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    attempt = models.PositiveIntegerField()
+    worker = models.CharField(max_length=255, blank=True, default="")
+    outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices)
+    error_class = models.CharField(max_length=512, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "leasejobs_attempt"
+        verbose_name = _("job attempt")
+        verbose_name_plural = _("job attempts")
+        ordering = ["job", "attempt"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt"], name="leasejobs_attempt_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job #{self.job_id} attempt {self.attempt}: {self.outcome}"
+
+
+class WorkerState(models.TextChoices):
+    RUNNING = "running", _("Running")
+    STOPPING = "stopping", _("Stopping")
+    STOPPED = "stopped", _("Stopped")
+
+
+class Worker(models.Model):
+    """Registry row of a worker process, for operators. Recovery never reads it: leases decide."""
+
+    id = models.CharField(max_length=255, primary_key=True)
+    backend = models.CharField(max_length=64, default="default")
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(default=list)
+    pool = models.CharField(max_length=16)
+    concurrency = models.PositiveIntegerField()
+    state = models.CharField(
+        max_length=16, choices=WorkerState.choices, default=WorkerState.RUNNING
+    )
+    started_at = models.DateTimeField(db_default=Now())
+    last_seen_at = models.DateTimeField(db_default=Now())
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "leasejobs_worker"
+        verbose_name = _("worker")
+        verbose_name_plural = _("workers")
+
+    def __str__(self) -> str:
+        return self.id

@@ -1,0 +1,57 @@
+"""One reaper pass: ``leases.reap`` plus its signals and its log line.
+
+Used by ``manage.py reap_stale_locks`` and by every worker's background reaper thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from . import leases
+from .signals import job_reaped
+
+logger = logging.getLogger("django_leasejobs")
+
+
+def reap_once(
+    *,
+    stale_lock_age: float,
+    backend: str | None,
+    using: str,
+    reaper: str = "reap_stale_locks",
+) -> list[leases.ReapedJob]:
+    """Run the reap statement once; log and signal what it recovered."""
+    started = time.monotonic()
+    reaped = leases.reap(stale_lock_age=stale_lock_age, backend=backend, using=using)
+    duration = time.monotonic() - started
+    if reaped:
+        by_status: dict[str, int] = {}
+        for job in reaped:
+            by_status[job.status] = by_status.get(job.status, 0) + 1
+        logger.warning(
+            "released stale running jobs count=%d",
+            len(reaped),
+            extra={
+                "count": len(reaped),
+                "job_ids": [job.id for job in reaped],
+                "by_status": by_status,
+                "backend": backend,
+                "reaper": reaper,
+                "duration": round(duration, 6),
+            },
+        )
+    for job in reaped:
+        logger.info(
+            "reaped job %s attempt %s of worker %s -> %s",
+            job.id, job.attempt, job.worker, job.status,
+            extra={
+                "job_id": job.id, "attempt": job.attempt, "worker": job.worker,
+                "queue": job.queue, "status": job.status, "stall_count": job.stall_count,
+            },
+        )
+        job_reaped.send_robust(
+            sender=reap_once, job_id=job.id, backend=backend, attempt=job.attempt,
+            worker_id=job.worker, status=job.status,
+        )
+    return reaped
