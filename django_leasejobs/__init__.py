@@ -4,8 +4,8 @@ Public API: ``task`` (the decorator with per-task options), ``LeaseTask``,
 ``Backoff``. The backend is ``django_leasejobs.backend.LeaseJobsBackend``.
 """
 
-from .retry import Backoff
 from .lease_task import LeaseTask, task
+from .retry import Backoff
 
 __all__ = ["Backoff", "LeaseTask", "task"]
 __version__ = "0.1.0"

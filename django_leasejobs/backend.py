@@ -22,10 +22,10 @@ from .compat import (
     task_enqueued,
 )
 from .conf import Options, Problem, parse_options
+from .lease_task import LeaseTask
 from .models import ACTIVE_STATUSES, AttemptOutcome, Job, JobAttempt, JobStatus
 from .serialization import json_arguments
 from .signals import job_enqueued
-from .lease_task import LeaseTask
 
 logger = logging.getLogger("django_leasejobs")
 
@@ -149,8 +149,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         if not created:
             logger.info(
                 "enqueue deduplicated by key",
-                extra={"job_id": job.pk, "key": job.key, "queue": job.queue,
-                       "backend": self.alias},
+                extra={"job_id": job.pk, "key": job.key, "queue": job.queue, "backend": self.alias},
             )
             return self.result_from_job(job, task=task)
         self._notify([job.queue])
@@ -220,7 +219,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             for a in attempts
             if a.outcome != AttemptOutcome.RELEASED
         ]
-        result = TaskResult(
+        result: TaskResult = TaskResult(
             task=task,
             id=str(job.pk),
             status=STATUS_TO_RESULT[JobStatus(job.status)],

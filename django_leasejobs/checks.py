@@ -41,9 +41,15 @@ def database_feature_problem(alias: str) -> str:
         return ""
     if vendor == "mysql":
         if not connection.features.has_select_for_update_skip_locked:
-            return "this MySQL/MariaDB server lacks SELECT ... FOR UPDATE SKIP LOCKED (MySQL 8+, MariaDB 10.6+)."
+            return (
+                "this MySQL/MariaDB server lacks SELECT ... FOR UPDATE SKIP LOCKED "
+                "(MySQL 8+, MariaDB 10.6+)."
+            )
         return ""
-    return f"the {vendor!r} database backend is not supported (use PostgreSQL, SQLite, MySQL or MariaDB)."
+    return (
+        f"the {vendor!r} database backend is not supported "
+        "(use PostgreSQL, SQLite, MySQL or MariaDB)."
+    )
 
 
 def _message(problem_id: str, msg: str, hint: str, warning: bool, obj: str) -> checks.CheckMessage:
@@ -53,7 +59,8 @@ def _message(problem_id: str, msg: str, hint: str, warning: bool, obj: str) -> c
 
 @checks.register(checks.Tags.compatibility)
 def check_backends(
-    app_configs: Sequence[AppConfig] | None = None, databases: Sequence[str] | None = None,
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
     **kwargs: Any,
 ) -> Iterable[checks.CheckMessage]:
     messages: list[checks.CheckMessage] = []
@@ -62,7 +69,13 @@ def check_backends(
         raw = params.get("OPTIONS", {})
         if not isinstance(raw, dict):
             messages.append(
-                _message(E_BAD_VALUE, f"OPTIONS must be a dict, got {type(raw).__name__}.", "", False, obj)
+                _message(
+                    E_BAD_VALUE,
+                    f"OPTIONS must be a dict, got {type(raw).__name__}.",
+                    "",
+                    False,
+                    obj,
+                )
             )
             continue
         options, problems = parse_options(raw)
@@ -72,7 +85,9 @@ def check_backends(
                 _message(
                     E_UNKNOWN_DATABASE,
                     f"DATABASE {options.database!r} is not in settings.DATABASES.",
-                    f"Use one of: {', '.join(settings.DATABASES)}.", False, obj,
+                    f"Use one of: {', '.join(settings.DATABASES)}.",
+                    False,
+                    obj,
                 )
             )
             continue
@@ -85,6 +100,12 @@ def check_backends(
             problem = database_feature_problem(options.database)
             if problem:
                 messages.append(
-                    _message(E_DATABASE_FEATURES, f"Database {options.database!r}: {problem}", "", False, obj)
+                    _message(
+                        E_DATABASE_FEATURES,
+                        f"Database {options.database!r}: {problem}",
+                        "",
+                        False,
+                        obj,
+                    )
                 )
     return messages

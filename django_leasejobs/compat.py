@@ -1,8 +1,14 @@
-"""One import point for the django.tasks API: Django 6 core or the django-tasks backport."""
+"""One import point for the django.tasks API: Django 6 core or the django-tasks backport.
+
+Type checkers see Django 6's ``django.tasks`` (django-stubs types it); at run time
+Django 5.2 gets the same names from the ``django_tasks`` backport.
+"""
 
 from __future__ import annotations
 
-try:  # Django 6.0+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
     from django.tasks import (
         DEFAULT_TASK_BACKEND_ALIAS,
         DEFAULT_TASK_QUEUE_NAME,
@@ -10,6 +16,7 @@ try:  # Django 6.0+
         TaskContext,
         TaskResult,
         TaskResultStatus,
+        task,
         task_backends,
     )
     from django.tasks.backends.base import BaseTaskBackend
@@ -18,35 +25,41 @@ try:  # Django 6.0+
     from django.tasks.signals import task_enqueued, task_finished, task_started
 
     USING_BACKPORT = False
-except ImportError:  # Django 5.2 with the django-tasks backport
-    from django_tasks import (  # type: ignore[no-redef]
-        DEFAULT_TASK_BACKEND_ALIAS,
-        DEFAULT_TASK_QUEUE_NAME,
-        TaskContext,
-        TaskResult,
-        TaskResultStatus,
-        task_backends,
-    )
-    from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
-    from django_tasks.base import (  # type: ignore[no-redef]
-        TASK_MAX_PRIORITY,
-        TASK_MIN_PRIORITY,
-        Task,
-        TaskError,
-    )
-    from django_tasks.exceptions import (  # type: ignore[no-redef]
-        InvalidTaskError as InvalidTask,
-    )
-    from django_tasks.exceptions import (  # type: ignore[no-redef]
-        TaskResultDoesNotExist,
-    )
-    from django_tasks.signals import (  # type: ignore[no-redef]
-        task_enqueued,
-        task_finished,
-        task_started,
-    )
+else:
+    try:  # Django 6.0+
+        from django.tasks import (
+            DEFAULT_TASK_BACKEND_ALIAS,
+            DEFAULT_TASK_QUEUE_NAME,
+            Task,
+            TaskContext,
+            TaskResult,
+            TaskResultStatus,
+            task,
+            task_backends,
+        )
+        from django.tasks.backends.base import BaseTaskBackend
+        from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskError
+        from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+        from django.tasks.signals import task_enqueued, task_finished, task_started
 
-    USING_BACKPORT = True
+        USING_BACKPORT = False
+    except ImportError:  # Django 5.2 with the django-tasks backport
+        from django_tasks import (
+            DEFAULT_TASK_BACKEND_ALIAS,
+            DEFAULT_TASK_QUEUE_NAME,
+            TaskContext,
+            TaskResult,
+            TaskResultStatus,
+            task,
+            task_backends,
+        )
+        from django_tasks.backends.base import BaseTaskBackend
+        from django_tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskError
+        from django_tasks.exceptions import InvalidTaskError as InvalidTask
+        from django_tasks.exceptions import TaskResultDoesNotExist
+        from django_tasks.signals import task_enqueued, task_finished, task_started
+
+        USING_BACKPORT = True
 
 __all__ = [
     "DEFAULT_TASK_BACKEND_ALIAS",
@@ -62,6 +75,7 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "task",
     "task_backends",
     "task_enqueued",
     "task_finished",

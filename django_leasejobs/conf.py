@@ -69,9 +69,7 @@ _NUMBERS: dict[str, tuple[str, type, float, bool]] = {
     "LOCK_LOST_GRACE": ("lock_lost_grace", float, 0, False),
     "POLL_INTERVAL": ("poll_interval", float, 0, True),
 }
-KNOWN_OPTIONS = frozenset(
-    {*_NUMBERS, "RETRY_BACKOFF", "LOCK_LOST_BEHAVIOR", "DATABASE", "IMPORTS"}
-)
+KNOWN_OPTIONS = frozenset({*_NUMBERS, "RETRY_BACKOFF", "LOCK_LOST_BEHAVIOR", "DATABASE", "IMPORTS"})
 
 
 def _number_problem(name: str, value: Any, kind: type, minimum: float, exclusive: bool) -> str:
@@ -139,7 +137,9 @@ def parse_options(
     if "LOCK_LOST_BEHAVIOR" in raw:
         behavior_sources.append(("LOCK_LOST_BEHAVIOR option", raw["LOCK_LOST_BEHAVIOR"]))
     if environ.get(LOCK_LOST_ENV_VAR):
-        behavior_sources.append((f"{LOCK_LOST_ENV_VAR} environment variable", environ[LOCK_LOST_ENV_VAR]))
+        behavior_sources.append(
+            (f"{LOCK_LOST_ENV_VAR} environment variable", environ[LOCK_LOST_ENV_VAR])
+        )
     for source, behavior in behavior_sources:  # later sources (the environment) win
         normalized = behavior.strip().lower() if isinstance(behavior, str) else behavior
         if normalized in LOCK_LOST_BEHAVIORS:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .compat import InvalidTask
 
 
-class LeaseLost(Exception):  # noqa: N818 - the name is the concept
+class LeaseLost(Exception):
     """A fenced write matched no row: this worker no longer owns the attempt."""
 
     def __init__(self, job_id: int, attempt: int, worker_id: str, transition: str) -> None:

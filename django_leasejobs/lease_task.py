@@ -54,7 +54,9 @@ class LeaseTask(Task):  # type: ignore[misc]
         ):
             raise InvalidTask(f"timeout must be a number of seconds > 0, got {self.timeout!r}")
         if self.key is not None and (not isinstance(self.key, str) or not 0 < len(self.key) <= 255):
-            raise InvalidTask(f"key must be a non-empty string of at most 255 characters, got {self.key!r}")
+            raise InvalidTask(
+                f"key must be a non-empty string of at most 255 characters, got {self.key!r}"
+            )
         # Explicit base call: zero-argument super() breaks in slotted dataclasses.
         Task.__post_init__(self)
 
@@ -72,11 +74,10 @@ class LeaseTask(Task):  # type: ignore[misc]
         key: str | None = _UNSET,
     ) -> LeaseTask:
         """A copy with changed defaults; also takes this backend's per-task options."""
-        base = Task.using(
-            self,
-            priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
+        base: LeaseTask = Task.using(  # type: ignore[assignment]
+            self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
         )
-        changes = {
+        changes: dict[str, Any] = {
             name: value
             for name, value in (
                 ("max_attempts", max_attempts),
@@ -87,7 +88,7 @@ class LeaseTask(Task):  # type: ignore[misc]
             )
             if value is not _UNSET
         }
-        return replace(base, **changes) if changes else base
+        return replace(base, **changes) if changes else base  # type: ignore[arg-type]
 
 
 def task(

@@ -24,7 +24,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from django.db import connections, transaction
@@ -94,7 +94,7 @@ class ErrorInfo:
     traceback: str = ""
 
 
-class CancelResult(str, Enum):
+class CancelResult(StrEnum):
     CANCELLED = "cancelled"
     """The job was pending and is now cancelled."""
     REQUESTED = "requested"
@@ -164,8 +164,16 @@ def _fenced(job_id: int, attempt: int, worker_id: str, using: str):  # type: ign
 
 
 _CLAIM_COLUMNS = (
-    "id", "attempt", "task_path", "queue", "priority", "args", "kwargs",
-    "timeout", "max_attempts", "checkpoint",
+    "id",
+    "attempt",
+    "task_path",
+    "queue",
+    "priority",
+    "args",
+    "kwargs",
+    "timeout",
+    "max_attempts",
+    "checkpoint",
 )
 
 
@@ -221,7 +229,7 @@ def claim(
     lock = " FOR UPDATE SKIP LOCKED" if vendor == "postgresql" else ""
     returning = ", ".join(_q(using, c) for c in _CLAIM_COLUMNS)
     sql = (
-        f"WITH picked AS (SELECT id FROM {table} WHERE {' AND '.join(filters)} "
+        f"WITH picked AS (SELECT id FROM {table} WHERE {' AND '.join(filters)} "  # noqa: S608 - identifiers quoted, values bound
         f"ORDER BY priority DESC, run_after, id LIMIT %s{lock}) "
         f"UPDATE {table} SET status = 'running', attempt = attempt + 1, locked_by = %s, "
         f"locked_until = {_now_offset_sql(vendor)}, heartbeat_at = {now}, last_worker = %s, "
@@ -320,7 +328,7 @@ def renew(
     table = _job_table(using)
     now = _now_sql(vendor)
     sql = (
-        f"UPDATE {table} AS j SET locked_until = {_now_offset_sql(vendor)}, "
+        f"UPDATE {table} AS j SET locked_until = {_now_offset_sql(vendor)}, "  # noqa: S608 - identifiers quoted, values bound
         f"heartbeat_at = {now}, "
         "progress = COALESCE(v.column3, j.progress), "
         "progress_message = COALESCE(v.column4, j.progress_message) "
@@ -417,14 +425,24 @@ def fail(
         finished_at: Any = Now()
     else:
         retrying = Q(attempt__lt=F("max_attempts"))
-        status = Case(When(retrying, then=Value(JobStatus.PENDING)), default=Value(JobStatus.FAILED))
+        status = Case(
+            When(retrying, then=Value(JobStatus.PENDING)), default=Value(JobStatus.FAILED)
+        )
         run_after = Case(When(retrying, then=_now_plus(retry_delay)), default=F("run_after"))
         finished_at = Case(
             When(retrying, then=Value(None)), default=Now(), output_field=DateTimeField()
         )
     return _end_attempt(
-        job_id, attempt, worker_id, "fail", using=using, error=error, outcome=outcome,
-        status=status, run_after=run_after, finished_at=finished_at,
+        job_id,
+        attempt,
+        worker_id,
+        "fail",
+        using=using,
+        error=error,
+        outcome=outcome,
+        status=status,
+        run_after=run_after,
+        finished_at=finished_at,
     )
 
 
@@ -435,27 +453,35 @@ def release(job_id: int, attempt: int, worker_id: str, *, using: str = "default"
     recorded with outcome ``released``.
     """
     _end_attempt(
-        job_id, attempt, worker_id, "release", using=using,
+        job_id,
+        attempt,
+        worker_id,
+        "release",
+        using=using,
         error=ErrorInfo(
             "django_leasejobs.exceptions.JobReleased",
             f"worker {worker_id} shut down and released the job",
         ),
         outcome=AttemptOutcome.RELEASED,
-        status=Value(JobStatus.PENDING), run_after=Now(), finished_at=None,
+        status=Value(JobStatus.PENDING),
+        run_after=Now(),
+        finished_at=None,
     )
 
 
-def mark_cancelled(
-    job_id: int, attempt: int, worker_id: str, *, using: str = "default"
-) -> None:
+def mark_cancelled(job_id: int, attempt: int, worker_id: str, *, using: str = "default") -> None:
     """Record that the worker stopped a running attempt because a cancel was requested."""
     _end_attempt(
-        job_id, attempt, worker_id, "cancel", using=using,
-        error=ErrorInfo(
-            "django_leasejobs.exceptions.JobCancelled", "cancelled while running"
-        ),
+        job_id,
+        attempt,
+        worker_id,
+        "cancel",
+        using=using,
+        error=ErrorInfo("django_leasejobs.exceptions.JobCancelled", "cancelled while running"),
         outcome=AttemptOutcome.CANCELLED,
-        status=Value(JobStatus.CANCELLED), run_after=F("run_after"), finished_at=Now(),
+        status=Value(JobStatus.CANCELLED),
+        run_after=F("run_after"),
+        finished_at=Now(),
     )
 
 
@@ -482,14 +508,16 @@ def _end_attempt(
             locked_by=None,
             locked_until=None,
             cancel_requested=False,
-            last_error=f"{error.exception_class_path}: {message}" if message else error.exception_class_path,
+            last_error=f"{error.exception_class_path}: {message}"
+            if message
+            else error.exception_class_path,
         )
         if changed != 1:
             raise LeaseLost(job_id, attempt, worker_id, transition)
-        _insert_attempt_rows(
-            [job_id], outcome=outcome, error=error, worker=worker_id, using=using
+        _insert_attempt_rows([job_id], outcome=outcome, error=error, worker=worker_id, using=using)
+        new_status = (
+            Job.objects.using(using).filter(pk=job_id).values_list("status", flat=True).get()
         )
-        new_status = Job.objects.using(using).filter(pk=job_id).values_list("status", flat=True).get()
     return str(new_status)
 
 
@@ -518,11 +546,19 @@ def _insert_attempt_rows(
     ]
     columns = ", ".join(
         q(c)
-        for c in ("job_id", "attempt", "worker", "outcome", "error_class", "error_message",
-                  "traceback", "started_at")
+        for c in (
+            "job_id",
+            "attempt",
+            "worker",
+            "outcome",
+            "error_class",
+            "error_message",
+            "traceback",
+            "started_at",
+        )
     )
     sql = (
-        f"INSERT INTO {_attempt_table(using)} ({columns}) "
+        f"INSERT INTO {_attempt_table(using)} ({columns}) "  # noqa: S608 - identifiers quoted, values bound
         f"SELECT {q('id')}, {q('attempt')}, {worker_sql}, %s, %s, %s, %s, {q('last_attempted_at')} "
         f"FROM {_job_table(using)} WHERE {q('id')} IN ({_placeholders(len(job_ids))})"
     )
@@ -597,8 +633,11 @@ def reap(
         else:
             rows = _reap_orm(stale_lock_age, backend, using)
         _insert_attempt_rows(
-            [r.id for r in rows], outcome=AttemptOutcome.LEASE_EXPIRED, error=_REAP_ERROR,
-            worker=None, using=using,
+            [r.id for r in rows],
+            outcome=AttemptOutcome.LEASE_EXPIRED,
+            error=_REAP_ERROR,
+            worker=None,
+            using=using,
         )
     return rows
 
@@ -619,7 +658,7 @@ def _reap_returning(
         params.append(backend)
     terminal = "stall_count + 1 >= max_stalls OR attempt >= max_attempts"
     sql = (
-        f"UPDATE {table} SET "
+        f"UPDATE {table} SET "  # noqa: S608 - identifiers quoted, values bound
         "status = CASE WHEN stall_count + 1 >= max_stalls THEN 'dead' "
         "WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END, "
         "stall_count = stall_count + 1, locked_by = NULL, locked_until = NULL, "
@@ -679,13 +718,9 @@ def _reap_orm(stale_lock_age: float, backend: str | None, using: str) -> list[Re
 def cancel(job_id: int, *, using: str = "default") -> CancelResult:
     """Cancel a job: a pending one at once; a running one by flagging it for its worker."""
     jobs = Job.objects.using(using).filter(pk=job_id)
-    if jobs.filter(status=JobStatus.PENDING).update(
-        status=JobStatus.CANCELLED, finished_at=Now()
-    ):
+    if jobs.filter(status=JobStatus.PENDING).update(status=JobStatus.CANCELLED, finished_at=Now()):
         return CancelResult.CANCELLED
-    if jobs.filter(status=JobStatus.RUNNING, cancel_requested=False).update(
-        cancel_requested=True
-    ):
+    if jobs.filter(status=JobStatus.RUNNING, cancel_requested=False).update(cancel_requested=True):
         return CancelResult.REQUESTED
     if jobs.exists():
         return CancelResult.NOT_CANCELLABLE

@@ -62,9 +62,7 @@ class Job(models.Model):
     kwargs = models.JSONField(default=dict, blank=True)
     priority = models.SmallIntegerField(default=0)
     run_after = models.DateTimeField(db_default=Now())
-    status = models.CharField(
-        max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING
-    )
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING)
 
     attempt = models.PositiveIntegerField(
         default=0, help_text="Incremented by every claim; the fencing token of the lease."
@@ -82,7 +80,9 @@ class Job(models.Model):
     cancel_requested = models.BooleanField(default=False)
 
     key = models.CharField(  # noqa: DJ001 - NULL means "no dedup key", unlike ""
-        max_length=255, null=True, blank=True,
+        max_length=255,
+        null=True,
+        blank=True,
         help_text="Optional dedup key, unique among pending and running jobs.",
     )
     timeout = models.FloatField(null=True, blank=True, help_text="Seconds per attempt.")

@@ -44,14 +44,25 @@ def reap_once(
     for job in reaped:
         logger.info(
             "reaped job %s attempt %s of worker %s -> %s",
-            job.id, job.attempt, job.worker, job.status,
+            job.id,
+            job.attempt,
+            job.worker,
+            job.status,
             extra={
-                "job_id": job.id, "attempt": job.attempt, "worker": job.worker,
-                "queue": job.queue, "status": job.status, "stall_count": job.stall_count,
+                "job_id": job.id,
+                "attempt": job.attempt,
+                "worker": job.worker,
+                "queue": job.queue,
+                "status": job.status,
+                "stall_count": job.stall_count,
             },
         )
         job_reaped.send_robust(
-            sender=reap_once, job_id=job.id, backend=backend, attempt=job.attempt,
-            worker_id=job.worker, status=job.status,
+            sender=reap_once,
+            job_id=job.id,
+            backend=backend,
+            attempt=job.attempt,
+            worker_id=job.worker,
+            status=job.status,
         )
     return reaped

@@ -44,7 +44,7 @@ class Backoff:
         raw = min(raw, self.cap)
         if self.jitter:
             spread = raw * self.jitter
-            raw += (rng or random).uniform(-spread, spread)  # noqa: S311 - not crypto
+            raw += (rng or random).uniform(-spread, spread)
         return max(raw, 0.0)
 
 

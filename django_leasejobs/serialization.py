@@ -40,7 +40,9 @@ def _to_json(value: Any, where: str) -> Any:
     )
 
 
-def json_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+def json_arguments(
+    args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
     """Checked JSON copies of a task call's arguments, or :class:`InvalidTaskArguments`."""
     if not isinstance(args, list | tuple):
         raise InvalidTaskArguments(f"args must be a list or tuple, got {type(args).__name__}.")

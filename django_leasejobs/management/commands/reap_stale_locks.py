@@ -24,7 +24,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--backend", default="default", help="TASKS alias (default: default).")
         parser.add_argument(
-            "--stale-lock-age", type=non_negative_seconds, default=None,
+            "--stale-lock-age",
+            type=non_negative_seconds,
+            default=None,
             help="Extra seconds after lease expiry before a job is reaped "
             "(default: the backend's STALE_LOCK_AGE).",
         )
@@ -35,7 +37,9 @@ class Command(BaseCommand):
             "--loop", action="store_true", help="Keep running, one pass every --interval seconds."
         )
         parser.add_argument(
-            "--interval", type=positive_seconds, default=None,
+            "--interval",
+            type=positive_seconds,
+            default=None,
             help="Seconds between passes with --loop (default: the backend's "
             "STALE_LOCK_INTERVAL, or 10 when that is 0).",
         )
@@ -43,7 +47,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         backend = get_leasejobs_backend(options["backend"])
         config = backend.config
-        age = config.stale_lock_age if options["stale_lock_age"] is None else options["stale_lock_age"]
+        age = (
+            config.stale_lock_age
+            if options["stale_lock_age"] is None
+            else options["stale_lock_age"]
+        )
         interval = options["interval"] or config.stale_lock_interval or 10.0
         if options["interval"] is not None and not options["loop"]:
             raise CommandError("--interval only makes sense with --loop.")
@@ -76,6 +84,8 @@ class Command(BaseCommand):
             self.stdout.write(f"dry run: would release stale running jobs count={len(stale)}")
             return
         reaped = reap_once(stale_lock_age=age, backend=alias, using=database)
-        for job in reaped:
-            self.stdout.write(f"reaped job {job.id} attempt {job.attempt} -> {job.status}")
+        for reaped_job in reaped:
+            self.stdout.write(
+                f"reaped job {reaped_job.id} attempt {reaped_job.attempt} -> {reaped_job.status}"
+            )
         self.stdout.write(f"released stale running jobs count={len(reaped)}")
