@@ -417,21 +417,22 @@ def fail(
     With a ``retry_delay`` the job goes back to ``pending`` with ``run_after`` that
     many seconds in the future, unless its attempts are used up (``attempt >=
     max_attempts``), in which case it is ``failed``. ``retry_delay=None`` fails it
-    for good (for example a job naming an unknown task).
+    for good (for example a job naming an unknown task). A job whose cancel was
+    requested while the attempt ran ends ``cancelled`` instead.
     """
+    # A cancel requested while the attempt ran wins over a retry: the job ends cancelled.
+    retrying = Q(attempt__lt=F("max_attempts"), cancel_requested=False)
     if retry_delay is None:
-        status: Any = Value(JobStatus.FAILED)
-        run_after: Any = F("run_after")
-        finished_at: Any = Now()
-    else:
-        retrying = Q(attempt__lt=F("max_attempts"))
-        status = Case(
-            When(retrying, then=Value(JobStatus.PENDING)), default=Value(JobStatus.FAILED)
-        )
-        run_after = Case(When(retrying, then=_now_plus(retry_delay)), default=F("run_after"))
-        finished_at = Case(
-            When(retrying, then=Value(None)), default=Now(), output_field=DateTimeField()
-        )
+        retrying = Q(pk__in=[])  # never
+    status = Case(
+        When(cancel_requested=True, then=Value(JobStatus.CANCELLED)),
+        When(retrying, then=Value(JobStatus.PENDING)),
+        default=Value(JobStatus.FAILED),
+    )
+    run_after = Case(When(retrying, then=_now_plus(retry_delay or 0.0)), default=F("run_after"))
+    finished_at = Case(
+        When(retrying, then=Value(None)), default=Now(), output_field=DateTimeField()
+    )
     return _end_attempt(
         job_id,
         attempt,
@@ -450,8 +451,10 @@ def release(job_id: int, attempt: int, worker_id: str, *, using: str = "default"
     """Put a running job back to ``pending`` at once, without counting a stall.
 
     For a worker that shuts down before the attempt finished. The attempt is
-    recorded with outcome ``released``.
+    recorded with outcome ``released``. A job whose cancel was requested ends
+    ``cancelled`` instead.
     """
+    cancelled = Q(cancel_requested=True)
     _end_attempt(
         job_id,
         attempt,
@@ -463,9 +466,13 @@ def release(job_id: int, attempt: int, worker_id: str, *, using: str = "default"
             f"worker {worker_id} shut down and released the job",
         ),
         outcome=AttemptOutcome.RELEASED,
-        status=Value(JobStatus.PENDING),
-        run_after=Now(),
-        finished_at=None,
+        status=Case(
+            When(cancelled, then=Value(JobStatus.CANCELLED)), default=Value(JobStatus.PENDING)
+        ),
+        run_after=Case(When(cancelled, then=F("run_after")), default=Now()),
+        finished_at=Case(
+            When(cancelled, then=Now()), default=Value(None), output_field=DateTimeField()
+        ),
     )
 
 
@@ -623,7 +630,8 @@ def reap(
     so a completion that raced the reaper is never overwritten. Each reaped job
     gets ``stall_count + 1`` and becomes ``dead`` when that reaches
     ``max_stalls``, else ``failed`` when its attempts are used up, else
-    ``pending`` (runnable at once). Each reaped attempt gets a JobAttempt row with
+    ``pending`` (runnable at once); a job whose cancel was requested while it ran
+    ends ``cancelled``. Each reaped attempt gets a JobAttempt row with
     outcome ``lease_expired``.
     """
     vendor = _vendor(using)
@@ -656,10 +664,11 @@ def _reap_returning(
     if backend is not None:
         where += " AND backend = %s"
         params.append(backend)
-    terminal = "stall_count + 1 >= max_stalls OR attempt >= max_attempts"
+    terminal = "cancel_requested OR stall_count + 1 >= max_stalls OR attempt >= max_attempts"
     sql = (
         f"UPDATE {table} SET "  # noqa: S608 - identifiers quoted, values bound
-        "status = CASE WHEN stall_count + 1 >= max_stalls THEN 'dead' "
+        "status = CASE WHEN cancel_requested THEN 'cancelled' "
+        "WHEN stall_count + 1 >= max_stalls THEN 'dead' "
         "WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END, "
         "stall_count = stall_count + 1, locked_by = NULL, locked_until = NULL, "
         f"run_after = CASE WHEN {terminal} THEN run_after ELSE {now} END, "
@@ -693,20 +702,27 @@ def _reap_orm(stale_lock_age: float, backend: str | None, using: str) -> list[Re
     ids = list(stale.select_for_update(skip_locked=True).values_list("id", flat=True))
     if not ids:
         return []
+    cancelled = Q(cancel_requested=True)
     dead = Q(stall_count__gte=F("max_stalls") - 1)
     exhausted = Q(attempt__gte=F("max_attempts"))
     stale.filter(pk__in=ids).update(
         status=Case(
+            When(cancelled, then=Value(JobStatus.CANCELLED)),
             When(dead, then=Value(JobStatus.DEAD)),
             When(exhausted, then=Value(JobStatus.FAILED)),
             default=Value(JobStatus.PENDING),
         ),
-        stall_count=F("stall_count") + 1,
         locked_by=None,
         locked_until=None,
-        run_after=Case(When(dead | exhausted, then=F("run_after")), default=Now()),
-        finished_at=Case(When(dead | exhausted, then=Now()), default=Value(None)),
+        run_after=Case(When(cancelled | dead | exhausted, then=F("run_after")), default=Now()),
+        finished_at=Case(
+            When(cancelled | dead | exhausted, then=Now()),
+            default=Value(None),
+            output_field=DateTimeField(),
+        ),
         last_error=_REAP_ERROR.exception_class_path + ": " + _REAP_ERROR.message,
+        # Last: MySQL evaluates SET left to right, and the CASEs above read the old count.
+        stall_count=F("stall_count") + 1,
     )
     rows = Job.objects.using(using).filter(pk__in=ids).values_list(*_REAP_RETURNING)
     return [_reaped(row) for row in rows]
