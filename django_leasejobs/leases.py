@@ -83,6 +83,7 @@ class ReapedJob:
     queue: str
     task_path: str
     stall_count: int
+    backend: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,14 +126,14 @@ def _attempt_table(using: str) -> str:
 
 def _now_sql(vendor: str) -> str:
     if vendor == "postgresql":
-        return "now()"
+        return "statement_timestamp()"  # what Django's Now() uses: one clock everywhere
     return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
 
 
 def _now_offset_sql(vendor: str) -> str:
     """SQL for now() + N seconds; takes one parameter made by :func:`_offset_param`."""
     if vendor == "postgresql":
-        return "(now() + make_interval(secs => %s))"
+        return "(statement_timestamp() + make_interval(secs => %s))"
     return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
 
 
@@ -316,7 +317,21 @@ def renew(
         types = ("INTEGER", "INTEGER", "REAL", "TEXT")
     row_sql = "(" + ", ".join(f"CAST(%s AS {t})" for t in types) + ")"
     values_sql = ", ".join([row_sql] * len(wanted))
-    params: list[Any] = [_offset_param(vendor, lease_duration)]
+    table = _job_table(using)
+    now = _now_sql(vendor)
+    params: list[Any] = []
+    lock_cte = ""
+    lock_filter = ""
+    if vendor == "postgresql":
+        # Take the row locks in id order, as the reaper does: no deadlock between them.
+        ids = sorted({job_id for job_id, _ in wanted})
+        lock_cte = (
+            f"WITH mine AS (SELECT id FROM {table} WHERE id IN ({_placeholders(len(ids))}) "  # noqa: S608 - identifiers quoted, values bound
+            "AND locked_by = %s AND status = 'running' ORDER BY id FOR UPDATE) "
+        )
+        lock_filter = "AND j.id IN (SELECT id FROM mine) "
+        params += [*ids, worker_id]
+    params.append(_offset_param(vendor, lease_duration))
     for (job_id, attempt), progress in wanted.items():
         params += [
             job_id,
@@ -325,16 +340,14 @@ def renew(
             (progress.message or "")[:255] if progress and progress.message is not None else None,
         ]
     params.append(worker_id)
-    table = _job_table(using)
-    now = _now_sql(vendor)
     sql = (
-        f"UPDATE {table} AS j SET locked_until = {_now_offset_sql(vendor)}, "  # noqa: S608 - identifiers quoted, values bound
+        f"{lock_cte}UPDATE {table} AS j SET locked_until = {_now_offset_sql(vendor)}, "  # noqa: S608 - identifiers quoted, values bound
         f"heartbeat_at = {now}, "
         "progress = COALESCE(v.column3, j.progress), "
         "progress_message = COALESCE(v.column4, j.progress_message) "
         f"FROM (VALUES {values_sql}) AS v "
         "WHERE j.id = v.column1 AND j.attempt = v.column2 "
-        "AND j.status = 'running' AND j.locked_by = %s "
+        f"AND j.status = 'running' AND j.locked_by = %s {lock_filter}"
         "RETURNING id, attempt, cancel_requested"
     )
     with connections[using].cursor() as cursor:
@@ -650,7 +663,16 @@ def reap(
     return rows
 
 
-_REAP_RETURNING = ("id", "attempt", "last_worker", "status", "queue", "task_path", "stall_count")
+_REAP_RETURNING = (
+    "id",
+    "attempt",
+    "last_worker",
+    "status",
+    "queue",
+    "task_path",
+    "stall_count",
+    "backend",
+)
 
 
 def _reap_returning(
@@ -658,15 +680,27 @@ def _reap_returning(
 ) -> list[ReapedJob]:
     table = _job_table(using)
     now = _now_sql(vendor)
-    params: list[Any] = [_REAP_ERROR.exception_class_path + ": " + _REAP_ERROR.message]
     where = f"status = 'running' AND locked_until < {_now_offset_sql(vendor)}"
-    params.append(_offset_param(vendor, -stale_lock_age))
+    where_params: list[Any] = [_offset_param(vendor, -stale_lock_age)]
     if backend is not None:
         where += " AND backend = %s"
-        params.append(backend)
+        where_params.append(backend)
+    lock_cte = ""
+    params: list[Any] = []
+    if vendor == "postgresql":
+        # Lock in id order and skip rows another transaction holds (a racing completion,
+        # renewal or reaper): no deadlocks, and each row is still reaped exactly once.
+        lock_cte = (
+            f"WITH stale AS (SELECT id FROM {table} WHERE {where} "  # noqa: S608 - identifiers quoted, values bound
+            "ORDER BY id FOR UPDATE SKIP LOCKED) "
+        )
+        where += " AND id IN (SELECT id FROM stale)"
+        params += where_params
+    params.append(_REAP_ERROR.exception_class_path + ": " + _REAP_ERROR.message)
+    params += where_params
     terminal = "cancel_requested OR stall_count + 1 >= max_stalls OR attempt >= max_attempts"
     sql = (
-        f"UPDATE {table} SET "  # noqa: S608 - identifiers quoted, values bound
+        f"{lock_cte}UPDATE {table} SET "  # noqa: S608 - identifiers quoted, values bound
         "status = CASE WHEN cancel_requested THEN 'cancelled' "
         "WHEN stall_count + 1 >= max_stalls THEN 'dead' "
         "WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END, "
@@ -692,6 +726,7 @@ def _reaped(row: Sequence[Any]) -> ReapedJob:
         queue=values["queue"],
         task_path=values["task_path"],
         stall_count=int(values["stall_count"]),
+        backend=values["backend"],
     )
 
 

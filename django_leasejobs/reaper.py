@@ -41,6 +41,8 @@ def reap_once(
                 "duration": round(duration, 6),
             },
         )
+    from .backend import LeaseJobsBackend  # the documented sender of every signal
+
     for job in reaped:
         logger.info(
             "reaped job %s attempt %s of worker %s -> %s",
@@ -58,9 +60,9 @@ def reap_once(
             },
         )
         job_reaped.send_robust(
-            sender=reap_once,
+            sender=LeaseJobsBackend,
             job_id=job.id,
-            backend=backend,
+            backend=job.backend,
             attempt=job.attempt,
             worker_id=job.worker,
             status=job.status,

@@ -2,7 +2,7 @@
 
 import django
 
-SECRET_KEY = "typecheck-only"  # noqa: S105
+SECRET_KEY = "typecheck-only"
 USE_TZ = True
 INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_leasejobs"]
 if django.VERSION < (6, 0):

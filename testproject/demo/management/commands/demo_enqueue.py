@@ -1,0 +1,73 @@
+"""Enqueue a realistic mix of the demo tasks, so the admin has something to show."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.utils import timezone
+
+from demo.tasks import add, always_fails, flaky, slow
+
+
+class Command(BaseCommand):
+    help = "Enqueue a mix of demo jobs: quick, slow, delayed, prioritized, flaky and failing."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--quick",
+            type=int,
+            default=20,
+            help="How many quick add() jobs to enqueue (default: 20).",
+        )
+        parser.add_argument(
+            "--seed", type=int, default=None, help="Random seed, for a repeatable mix."
+        )
+
+    def handle(self, *args: Any, quick: int, seed: int | None, **options: Any) -> None:
+        rng = random.Random(seed)  # noqa: S311 - demo data, not crypto
+        now = timezone.now()
+        enqueued = 0
+
+        def report(label: str, result: Any) -> None:
+            nonlocal enqueued
+            enqueued += 1
+            task = result.task
+            run_after = task.run_after.isoformat(timespec="seconds") if task.run_after else "now"
+            self.stdout.write(
+                f"enqueued {label:<40} id={result.id} queue={task.queue_name} "
+                f"priority={task.priority} run_after={run_after}"
+            )
+
+        for _ in range(quick):
+            a, b = rng.randint(1, 100), rng.randint(1, 100)
+            report(f"add({a}, {b})", add.enqueue(a, b))
+
+        report(
+            "add(1, 1) [high, priority 50]", add.using(queue_name="high", priority=50).enqueue(1, 1)
+        )
+        report(
+            "add(2, 2) [low, priority -20]", add.using(queue_name="low", priority=-20).enqueue(2, 2)
+        )
+
+        for seconds in (5, 15, 30):
+            report(
+                f"slow({seconds}s, {seconds} steps)", slow.enqueue(seconds=seconds, steps=seconds)
+            )
+        report(
+            "slow(10s) [in 1 minute]",
+            slow.using(run_after=now + timedelta(minutes=1)).enqueue(seconds=10, steps=5),
+        )
+        report(
+            "add(40, 2) [in 5 minutes, priority 10]",
+            add.using(run_after=now + timedelta(minutes=5), priority=10).enqueue(40, 2),
+        )
+
+        report("flaky(succeed_on_attempt=2)", flaky.enqueue(succeed_on_attempt=2))
+        report("flaky(succeed_on_attempt=3)", flaky.enqueue(succeed_on_attempt=3))
+        report("flaky(succeed_on_attempt=9)", flaky.enqueue(succeed_on_attempt=9))
+        report("always_fails()", always_fails.enqueue())
+
+        self.stdout.write(self.style.SUCCESS(f"{enqueued} demo jobs enqueued"))

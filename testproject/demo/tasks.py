@@ -1,0 +1,50 @@
+"""Tasks of the demo project: quick, slow (with progress), flaky and hopeless ones."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django_leasejobs import task
+
+
+class DemoError(RuntimeError):
+    """Raised on purpose by the demo tasks that fail."""
+
+
+@task
+def add(a: int, b: int) -> int:
+    """The smallest useful job."""
+    return a + b
+
+
+@task(takes_context=True, timeout=600)
+def slow(context: Any, seconds: float = 10.0, steps: int = 10) -> dict[str, float]:
+    """Sleeps ``seconds`` in ``steps`` steps, reporting progress after each one."""
+    steps = max(1, int(steps))
+    pause = float(seconds) / steps
+    set_progress = getattr(context, "set_progress", None)
+    for step in range(1, steps + 1):
+        time.sleep(pause)
+        if set_progress is not None:
+            set_progress(step / steps, f"step {step} of {steps}")
+    return {"seconds": float(seconds), "steps": steps}
+
+
+@task(
+    takes_context=True,
+    max_attempts=5,
+    retry_backoff={"base": 1.0, "factor": 2.0, "cap": 10.0, "jitter": 0.1},
+)
+def flaky(context: Any, succeed_on_attempt: int = 3) -> int:
+    """Fails until attempt number ``succeed_on_attempt``, then returns the attempt."""
+    attempt = int(context.attempt)
+    if attempt < succeed_on_attempt:
+        raise DemoError(f"attempt {attempt} fails on purpose (succeeds on {succeed_on_attempt})")
+    return attempt
+
+
+@task(max_attempts=2, retry_backoff={"base": 1.0, "factor": 1.0, "cap": 1.0, "jitter": 0.0})
+def always_fails() -> None:
+    """Never succeeds: ends as ``failed`` after its attempts, with the errors recorded."""
+    raise DemoError("this task always fails")

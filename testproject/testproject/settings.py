@@ -1,0 +1,123 @@
+"""Settings of the test/demo project, read from the environment with django-environ.
+
+Environment variables:
+
+* ``DATABASE_URL``: any django-environ database URL (``postgres://...``,
+  ``sqlite:////abs/path.sqlite3``, ...). When unset, an embedded PostgreSQL server
+  is started with its data in ``<repo>/.demo/pgdata`` and ``DATABASE_URL`` is set
+  for child processes (see ``embedded_db``).
+* ``SECRET_KEY``, ``DEBUG`` (default true), ``ALLOWED_HOSTS`` (comma separated).
+* ``LEASEJOBS_DEMO_DATA``: where the demo's embedded PostgreSQL keeps its data.
+"""
+
+from pathlib import Path
+
+import django
+import environ
+
+from .embedded_db import ensure_database_url
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent  # testproject/
+REPO_ROOT = PROJECT_DIR.parent
+
+env = environ.Env()
+
+SECRET_KEY = env.str("SECRET_KEY", default="django-insecure-leasejobs-demo-only-do-not-deploy")
+DEBUG = env.bool("DEBUG", default=True)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_leasejobs",
+    "demo",
+]
+if django.VERSION < (6, 0):  # django.tasks lives in the django-tasks backport
+    INSTALLED_APPS.insert(INSTALLED_APPS.index("django_leasejobs"), "django_tasks")
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+WSGI_APPLICATION = "testproject.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# -- database ----------------------------------------------------------------------------
+
+ensure_database_url(
+    env.str("LEASEJOBS_DEMO_DATA", default=str(REPO_ROOT / ".demo" / "pgdata")),
+    throwaway=False,
+)
+DATABASES = {"default": env.db_url("DATABASE_URL")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Workers, the admin and tests use several connections at once: take the write
+    # lock when a transaction starts (no upgrade deadlocks), wait for it instead of
+    # failing at once, and let readers run beside the writer (WAL).
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL;",
+        }
+    )
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# -- tasks -------------------------------------------------------------------------------
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_leasejobs.backend.LeaseJobsBackend",
+        "QUEUES": ["default", "high", "low"],
+        "OPTIONS": {},
+    }
+}
+
+# -- the rest ----------------------------------------------------------------------------
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = REPO_ROOT / ".demo" / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+    },
+    "loggers": {
+        "django_leasejobs": {"handlers": ["console"], "level": "INFO", "propagate": False},
+    },
+}

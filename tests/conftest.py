@@ -1,0 +1,82 @@
+"""Shared fixtures: run real subprocesses (workers, manage.py) against the test database."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from testproject.embedded_db import settings_to_database_url
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TESTPROJECT_DIR = REPO_ROOT / "testproject"
+MANAGE_PY = TESTPROJECT_DIR / "manage.py"
+
+RunManage = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture(scope="session")
+def _subprocess_env_base(django_db_setup: None) -> dict[str, str]:
+    # After django_db_setup, the connection's settings name the test database
+    # (test_<name> on PostgreSQL, the temporary file on SQLite).
+    from django.db import connection
+
+    env = dict(os.environ)
+    paths = [str(REPO_ROOT), str(TESTPROJECT_DIR)]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        PYTHONPATH=os.pathsep.join(paths),
+        DATABASE_URL=settings_to_database_url(connection.settings_dict),
+        LEASEJOBS_TEST_SUBPROCESS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture
+def subprocess_env(_subprocess_env_base: dict[str, str]) -> dict[str, str]:
+    """Environment for a subprocess that must use this run's test database.
+
+    The subprocess only sees what the test has COMMITTED: use
+    ``@pytest.mark.django_db(transaction=True)`` when it must see the test's rows.
+    The dict is a fresh copy; change it freely.
+    """
+    return dict(_subprocess_env_base)
+
+
+@pytest.fixture
+def run_manage(subprocess_env: dict[str, str]) -> RunManage:
+    """``run_manage(args, env=None, timeout=60, check=False, input=None)``.
+
+    Runs ``python testproject/manage.py <args>`` from the repository root with
+    ``subprocess_env`` (or ``env``) and returns the CompletedProcess, text output
+    captured. ``args`` is a sequence of strings or one shell-like string.
+    """
+
+    def run(
+        args: Sequence[str] | str,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 60,
+        check: bool = False,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        argv = shlex.split(args) if isinstance(args, str) else list(args)
+        return subprocess.run(
+            [sys.executable, str(MANAGE_PY), *argv],
+            cwd=REPO_ROOT,
+            env=dict(env) if env is not None else subprocess_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+            input=input,
+        )
+
+    return run

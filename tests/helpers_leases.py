@@ -1,0 +1,139 @@
+"""Helpers for the lease protocol and reaper tests (tests/test_leases.py, tests/test_reaper.py).
+
+All times are the database's clock: rows are moved in time with UPDATEs relative to
+``Now()``, never with Python's clock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connection, connections
+from django.db.models.functions import Now
+
+from django_leasejobs import leases
+from django_leasejobs.models import Job, JobAttempt
+
+TASK_PATH = "tests.tasks.add"
+LEASE = 30.0
+THREAD_TIMEOUT = 60.0
+
+
+def make_job(**fields: Any) -> Job:
+    """A pending job of ``tests.tasks.add`` (fields override the defaults)."""
+    fields.setdefault("task_path", TASK_PATH)
+    fields.setdefault("args", [1, 2])
+    return Job.objects.create(**fields)
+
+
+def make_jobs(count: int, **fields: Any) -> list[int]:
+    """Insert ``count`` pending jobs with one multi-row INSERT; return their ids, ascending."""
+    fields.setdefault("task_path", TASK_PATH)
+    created = Job.objects.bulk_create(
+        [Job(args=[i, i], **fields) for i in range(count)], batch_size=500
+    )
+    ids = [job.pk for job in created]
+    assert len(ids) == count and None not in ids, "bulk_create did not return primary keys"
+    return sorted(ids)
+
+
+def claim_one(worker: str, job_id: int | None = None, **kwargs: Any) -> leases.ClaimedJob:
+    """Claim exactly one job for ``worker`` (and check it is ``job_id`` when given)."""
+    kwargs.setdefault("lease_duration", LEASE)
+    claimed = leases.claim(worker, limit=1, **kwargs)
+    assert len(claimed) == 1, f"{worker} claimed {claimed!r}, expected one job"
+    if job_id is not None:
+        assert claimed[0].id == job_id
+    return claimed[0]
+
+
+def expire(*job_ids: int, seconds_ago: float = 60.0) -> int:
+    """Move the lease expiry of running jobs ``seconds_ago`` into the past (database clock).
+
+    With no ids, every running job. Returns the number of rows changed.
+    """
+    jobs = Job.objects.filter(status="running")
+    if job_ids:
+        jobs = jobs.filter(pk__in=job_ids)
+    return jobs.update(locked_until=Now() - timedelta(seconds=seconds_ago))
+
+
+def make_ready(*job_ids: int, seconds_ago: float = 60.0) -> int:
+    """Move ``run_after`` of the given jobs into the past (database clock)."""
+    return Job.objects.filter(pk__in=job_ids).update(
+        run_after=Now() - timedelta(seconds=seconds_ago)
+    )
+
+
+def row(job_id: int) -> dict[str, Any]:
+    """Every column of a job row, as stored."""
+    return Job.objects.filter(pk=job_id).values().get()
+
+
+def attempt_rows(job_id: int) -> list[JobAttempt]:
+    return list(JobAttempt.objects.filter(job_id=job_id).order_by("attempt"))
+
+
+def db_now(using: str = "default") -> datetime:
+    """The database's current time (statement time), as an aware UTC datetime."""
+    conn = connections[using]
+    with conn.cursor() as cursor:
+        if conn.vendor == "postgresql":
+            cursor.execute("SELECT statement_timestamp()")
+            value = cursor.fetchone()[0]
+        elif conn.vendor == "sqlite":
+            cursor.execute("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
+            value = datetime.fromisoformat(cursor.fetchone()[0]).replace(tzinfo=UTC)
+        else:
+            cursor.execute("SELECT UTC_TIMESTAMP(6)")
+            value = cursor.fetchone()[0].replace(tzinfo=UTC)
+    return value
+
+
+def seconds_from_db_now(moment: datetime | None) -> float:
+    """``moment`` minus the database's current time, in seconds."""
+    assert moment is not None
+    return (moment - db_now()).total_seconds()
+
+
+def run_in_threads(
+    functions: Sequence[Callable[[], Any]], *, timeout: float = THREAD_TIMEOUT
+) -> list[Any]:
+    """Run each function in its own thread (its own DB connection), started together.
+
+    A barrier releases all threads at once to maximise overlap. Each thread closes its
+    database connection when it ends. Returns the functions' results in order; re-raises
+    the first exception a thread raised.
+    """
+    barrier = threading.Barrier(len(functions))
+    results: list[Any] = [None] * len(functions)
+    errors: list[BaseException] = []
+
+    def runner(index: int, function: Callable[[], Any]) -> None:
+        try:
+            barrier.wait(timeout)
+            results[index] = function()
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+        finally:
+            connection.close()
+
+    threads = [
+        threading.Thread(target=runner, args=(i, f), name=f"lease-test-{i}", daemon=True)
+        for i, f in enumerate(functions)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+    stuck = [t.name for t in threads if t.is_alive()]
+    assert not stuck, f"threads still running after {timeout}s: {stuck}"
+    if errors:
+        raise errors[0]
+    return results

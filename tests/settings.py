@@ -1,0 +1,54 @@
+"""Settings for the test suite: the demo project's settings plus the ``tests`` app.
+
+Database, by ``DATABASE_URL``:
+
+* unset: a throwaway embedded PostgreSQL in a temporary directory, started by the
+  process that imports these settings first and removed when it exits;
+* PostgreSQL (or another server): pytest-django creates ``test_<NAME>`` there;
+* SQLite: the test database is a file in a temporary directory (never in memory), so
+  other connections, threads and subprocesses see the same database.
+
+Subprocesses started by the tests get ``LEASEJOBS_TEST_SUBPROCESS=1`` and a
+``DATABASE_URL`` naming the test database itself (``tests/conftest.py``): they use it
+as it is, without renaming it or starting a server.
+"""
+
+import atexit
+import os
+import shutil
+import tempfile
+
+from django.core.exceptions import ImproperlyConfigured
+
+from testproject.embedded_db import ensure_database_url
+
+IN_TEST_SUBPROCESS = os.environ.get("LEASEJOBS_TEST_SUBPROCESS") == "1"
+
+if not os.environ.get("DATABASE_URL"):
+    if IN_TEST_SUBPROCESS:
+        raise ImproperlyConfigured(
+            "LEASEJOBS_TEST_SUBPROCESS=1 needs DATABASE_URL naming the test database "
+            "(build the environment with the subprocess_env fixture)"
+        )
+    ensure_database_url(None, throwaway=True)
+
+from testproject.settings import *  # noqa: E402, F403
+from testproject.settings import DATABASES, INSTALLED_APPS  # noqa: E402
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests"]
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast user creation
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" and not IN_TEST_SUBPROCESS:
+    _sqlite_dir = tempfile.mkdtemp(prefix="leasejobs-sqlite-")
+    _owner_pid = os.getpid()
+
+    def _remove_sqlite_dir() -> None:
+        if os.getpid() == _owner_pid:  # not in forked children
+            shutil.rmtree(_sqlite_dir, ignore_errors=True)
+
+    atexit.register(_remove_sqlite_dir)
+    DATABASES["default"]["TEST"] = {
+        **DATABASES["default"].get("TEST", {}),
+        "NAME": os.path.join(_sqlite_dir, "test.sqlite3"),
+    }
