@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import asdict
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, transaction
 
@@ -21,9 +22,10 @@ from .compat import (
     TaskResultStatus,
     task_enqueued,
 )
-from .conf import Options, Problem, parse_options
+from .conf import E_UNKNOWN_DATABASE, Options, Problem, parse_options
 from .lease_task import LeaseTask
 from .models import ACTIVE_STATUSES, AttemptOutcome, Job, JobAttempt, JobStatus
+from .retry import Backoff
 from .serialization import json_arguments
 from .signals import job_enqueued
 
@@ -56,7 +58,14 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         super().__init__(alias, params)
         self.config: Options
         self.problems: list[Problem]
-        self.config, self.problems = parse_options(params.get("OPTIONS") or {})
+        self.config, self.problems = parse_options(params.get("OPTIONS", {}))
+        if self.config.database not in settings.DATABASES:
+            self.problems.append(
+                Problem(
+                    E_UNKNOWN_DATABASE,
+                    f"DATABASE {self.config.database!r} is not in settings.DATABASES.",
+                )
+            )
 
     # ------------------------------------------------------------------ helpers
 
@@ -92,6 +101,9 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             timeout=getattr(task, "timeout", None),
             key=getattr(task, "key", None),
         )
+        backoff = getattr(task, "retry_backoff", None)
+        if backoff is not None:
+            job.retry_backoff = asdict(backoff)
         if task.run_after is not None:
             job.run_after = task.run_after
         return job
@@ -107,15 +119,26 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
 
     def _announce(self, results: list[TaskResult]) -> None:
         def send() -> None:
+            # The jobs are stored: a failing receiver is logged, never raised into enqueue().
             for result in results:
-                task_enqueued.send(type(self), task_result=result)
-                job_enqueued.send(
-                    type(self),
-                    job_id=int(result.id),
-                    backend=self.alias,
-                    task_path=result.task.module_path,
-                    queue=result.task.queue_name,
-                )
+                responses = [
+                    *task_enqueued.send_robust(type(self), task_result=result),
+                    *job_enqueued.send_robust(
+                        type(self),
+                        job_id=int(result.id),
+                        backend=self.alias,
+                        task_path=result.task.module_path,
+                        queue=result.task.queue_name,
+                    ),
+                ]
+                for receiver, response in responses:
+                    if isinstance(response, Exception):
+                        logger.error(
+                            "enqueue signal receiver %r failed",
+                            receiver,
+                            exc_info=response,
+                            extra={"job_id": int(result.id), "backend": self.alias},
+                        )
 
         transaction.on_commit(send, using=self.database)
 
@@ -151,7 +174,9 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
                 "enqueue deduplicated by key",
                 extra={"job_id": job.pk, "key": job.key, "queue": job.queue, "backend": self.alias},
             )
-            return self.result_from_job(job, task=task)
+            # The key may be held by another task's job: report that job as it is.
+            same_task = job.task_path == task.module_path
+            return self.result_from_job(job, task=task if same_task else None)
         self._notify([job.queue])
         result = self.result_from_job(job, task=task, attempts=[])
         self._announce([result])
@@ -238,15 +263,26 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         return result
 
     def _task_for(self, job: Job) -> Task:
+        """The declared task, with the options this job was enqueued with."""
         base = registry.resolve(job.task_path)
-        try:
-            return base.using(
-                priority=job.priority,
-                queue_name=job.queue,
-                run_after=job.run_after,
-                backend=self.alias,
+        changes: dict[str, Any] = {
+            "priority": job.priority,
+            "queue_name": job.queue,
+            "run_after": job.run_after,
+            "backend": self.alias,
+        }
+        if isinstance(base, LeaseTask):
+            changes.update(
+                max_attempts=job.max_attempts,
+                max_stalls=job.max_stalls,
+                timeout=job.timeout,
+                key=job.key,
             )
+            if job.retry_backoff is not None:
+                changes["retry_backoff"] = Backoff.from_value(job.retry_backoff)
+        try:
+            return base.using(**changes)
         except InvalidTask:
             # The row's queue or priority is no longer valid for this backend's settings:
             # report the job anyway, with the task's own defaults.
-            return replace(base) if base.backend == self.alias else base
+            return base

@@ -91,8 +91,9 @@ def check_backends(
                 )
             )
             continue
-        # Vendor support is known without a connection; server versions are only looked at
-        # when the check run asks for database checks (``check --database``, migrate).
+        # Vendor support is known without a connection. Server versions (MySQL/MariaDB
+        # only; PostgreSQL needs nothing and SQLite's version is the library's) are looked
+        # at when the check run includes database checks, as Django's own MySQL checks do.
         vendor = connections[options.database].vendor
         if vendor not in ("postgresql", "sqlite", "mysql") or (
             databases is not None and options.database in databases

@@ -7,6 +7,7 @@ report with stable ids and which the worker refuses to start with.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -73,8 +74,10 @@ KNOWN_OPTIONS = frozenset({*_NUMBERS, "RETRY_BACKOFF", "LOCK_LOST_BEHAVIOR", "DA
 
 
 def _number_problem(name: str, value: Any, kind: type, minimum: float, exclusive: bool) -> str:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return f"{name} must be a {'whole number' if kind is int else 'number'}, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return (
+            f"{name} must be a finite {'whole number' if kind is int else 'number'}, got {value!r}"
+        )
     if kind is int and int(value) != value:
         return f"{name} must be a whole number, got {value!r}"
     if (exclusive and value <= minimum) or (not exclusive and value < minimum):
@@ -86,9 +89,14 @@ def parse_options(
     raw: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
 ) -> tuple[Options, list[Problem]]:
     """Read backend OPTIONS into :class:`Options`; return it with every problem found."""
-    raw = dict(raw or {})
     environ = os.environ if environ is None else environ
     problems: list[Problem] = []
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        problems.append(Problem(E_BAD_VALUE, f"OPTIONS must be a dict, got {type(raw).__name__}."))
+        raw = {}
+    raw = dict(raw)
     values: dict[str, Any] = {}
 
     for name in sorted(set(raw) - KNOWN_OPTIONS, key=str):

@@ -7,6 +7,7 @@ is the same decorator on both.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -50,6 +51,7 @@ class LeaseTask(Task):  # type: ignore[misc]
         if self.timeout is not None and (
             isinstance(self.timeout, bool)
             or not isinstance(self.timeout, int | float)
+            or not math.isfinite(self.timeout)
             or self.timeout <= 0
         ):
             raise InvalidTask(f"timeout must be a number of seconds > 0, got {self.timeout!r}")

@@ -52,6 +52,8 @@ class ClaimedJob:
     timeout: float | None
     max_attempts: int
     checkpoint: Any
+    retry_backoff: dict[str, float] | None = None
+    """The job's own backoff policy (from ``.using(retry_backoff=...)``), if any."""
 
     @property
     def lease(self) -> tuple[int, int]:
@@ -175,6 +177,7 @@ _CLAIM_COLUMNS = (
     "timeout",
     "max_attempts",
     "checkpoint",
+    "retry_backoff",
 )
 
 
@@ -191,6 +194,7 @@ def _claimed(row: Sequence[Any]) -> ClaimedJob:
         timeout=values["timeout"],
         max_attempts=int(values["max_attempts"]),
         checkpoint=_json(values["checkpoint"]),
+        retry_backoff=_json(values["retry_backoff"]),
     )
 
 

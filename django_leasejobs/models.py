@@ -86,6 +86,11 @@ class Job(models.Model):
         help_text="Optional dedup key, unique among pending and running jobs.",
     )
     timeout = models.FloatField(null=True, blank=True, help_text="Seconds per attempt.")
+    retry_backoff = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="This job's backoff policy; null = the task's or backend's.",
+    )
 
     progress = models.FloatField(null=True, blank=True)
     progress_message = models.CharField(max_length=255, blank=True, default="")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,8 +61,8 @@ def backoff_problems(value: Any) -> list[str]:
         problems.append(f"unknown keys {sorted(map(str, unknown))}")
     for key in sorted(BACKOFF_KEYS & set(value)):
         v = value[key]
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            problems.append(f"{key} must be a number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            problems.append(f"{key} must be a finite number, got {v!r}")
         elif key == "jitter" and not 0 <= v < 1:
             problems.append(f"jitter must be in [0, 1), got {v!r}")
         elif key == "factor" and v < 1:

@@ -927,9 +927,9 @@ def test_backoff_jitter_is_reproducible_with_a_seeded_rng() -> None:
         ({"factor": 0.5}, "factor must be >= 1"),
         ({"base": -1}, "base must be >= 0"),
         ({"cap": -0.5}, "cap must be >= 0"),
-        ({"base": "2"}, "base must be a number"),
-        ({"cap": True}, "cap must be a number"),
-        ({"factor": None}, "factor must be a number"),
+        ({"base": "2"}, "base must be a finite number"),
+        ({"cap": True}, "cap must be a finite number"),
+        ({"factor": None}, "factor must be a finite number"),
     ],
 )
 def test_backoff_rejects_bad_values(kwargs: dict[str, Any], message: str) -> None:

@@ -1,0 +1,335 @@
+"""System checks of TASKS[...]["OPTIONS"]: each id fires on its bad setting; defaults are silent."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core import checks
+from django.core.checks import run_checks
+from django.db import connections
+from django.test import override_settings
+
+from django_leasejobs import checks as leasejobs_checks
+from django_leasejobs.compat import USING_BACKPORT
+from django_leasejobs.conf import (
+    E_BAD_VALUE,
+    E_DATABASE_FEATURES,
+    E_HEARTBEAT_NOT_BELOW_LEASE,
+    E_LOCK_LOST_BEHAVIOR,
+    E_UNKNOWN_DATABASE,
+    E_UNKNOWN_OPTION,
+    LOCK_LOST_ENV_VAR,
+    W_HEARTBEAT_TOO_SLOW,
+    parse_options,
+)
+
+BACKEND = "django_leasejobs.backend.LeaseJobsBackend"
+ALL_IDS = {
+    E_UNKNOWN_OPTION,
+    E_BAD_VALUE,
+    E_LOCK_LOST_BEHAVIOR,
+    E_HEARTBEAT_NOT_BELOW_LEASE,
+    E_UNKNOWN_DATABASE,
+    E_DATABASE_FEATURES,
+    W_HEARTBEAT_TOO_SLOW,
+}
+
+
+def tasks_setting(options: Any, **extra: Any) -> dict[str, Any]:
+    """TASKS with one LeaseJobs backend ("default") using ``options``."""
+    return {
+        "default": {
+            "BACKEND": BACKEND,
+            "QUEUES": ["default", "high", "low"],
+            "OPTIONS": options,
+            **extra,
+        }
+    }
+
+
+def leasejobs_messages(
+    options: Any, databases: list[str] | None = None
+) -> list[checks.CheckMessage]:
+    with override_settings(TASKS=tasks_setting(options)):
+        messages = run_checks(databases=databases)
+    return [m for m in messages if str(m.id).startswith("leasejobs.")]
+
+
+def ids(messages: list[checks.CheckMessage]) -> list[str]:
+    return [str(m.id) for m in messages]
+
+
+@pytest.fixture(autouse=True)
+def _no_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The environment variable overrides the option: keep it out unless a test sets it.
+    monkeypatch.delenv(LOCK_LOST_ENV_VAR, raising=False)
+
+
+# --------------------------------------------------------------------------- silence
+
+
+def test_ids_are_stable() -> None:
+    expected = {f"leasejobs.E00{n}" for n in range(1, 7)} | {"leasejobs.W001"}
+    assert expected == ALL_IDS
+
+
+def test_silent_on_the_test_settings() -> None:
+    assert [m for m in run_checks() if str(m.id).startswith("leasejobs.")] == []
+
+
+def test_silent_on_defaults() -> None:
+    assert leasejobs_messages({}) == []
+
+
+def test_silent_on_every_option_set_to_a_valid_value() -> None:
+    options = {
+        "LEASE_DURATION": 60,
+        "HEARTBEAT_INTERVAL": 20,
+        "STALE_LOCK_INTERVAL": 0,
+        "STALE_LOCK_AGE": 5.5,
+        "MAX_ATTEMPTS": 1,
+        "MAX_STALLS": 10,
+        "RETRY_BACKOFF": {"base": 1, "factor": 3, "cap": 60, "jitter": 0},
+        "LOCK_LOST_BEHAVIOR": "sigterm",
+        "LOCK_LOST_GRACE": 0,
+        "POLL_INTERVAL": 0.5,
+        "DATABASE": "default",
+        "IMPORTS": ["tests.tasks"],
+    }
+    assert leasejobs_messages(options) == []
+    config, problems = parse_options(options, environ={})
+    assert problems == []
+    assert config.lease_duration == 60.0
+    assert config.heartbeat_interval == 20.0
+    assert config.max_attempts == 1
+    assert config.lock_lost_behavior == "sigterm"
+    assert config.imports == ("tests.tasks",)
+
+
+@pytest.mark.django_db
+def test_silent_on_defaults_with_database_checks() -> None:
+    assert leasejobs_messages({}, databases=["default"]) == []
+    # And the whole check run of the test project has no error at all.
+    with override_settings(TASKS=tasks_setting({})):
+        errors = [m for m in run_checks(databases=["default"]) if m.is_serious()]
+    assert errors == []
+
+
+def test_other_backends_are_ignored() -> None:
+    package = "django_tasks" if USING_BACKPORT else "django.tasks"
+    dummy = f"{package}.backends.dummy.DummyBackend"
+    with override_settings(
+        TASKS={
+            **tasks_setting({}),
+            "other": {"BACKEND": dummy, "OPTIONS": {"LEASE_DURATION": "not ours"}},
+        }
+    ):
+        assert [alias for alias, _ in leasejobs_checks.leasejobs_backends()] == ["default"]
+
+
+# --------------------------------------------------------------------------- E001
+
+
+def test_e001_unknown_option() -> None:
+    messages = leasejobs_messages({"LEASE_DURATON": 30})
+    assert ids(messages) == [E_UNKNOWN_OPTION]
+    message = messages[0]
+    assert message.level == checks.ERROR
+    assert "LEASE_DURATON" in message.msg
+    assert "LEASE_DURATION" in message.hint  # the hint lists the known options
+    assert message.obj == "TASKS['default']"
+
+
+# --------------------------------------------------------------------------- E002
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"LEASE_DURATION": "30"}, "LEASE_DURATION"),
+        ({"LEASE_DURATION": -1}, "LEASE_DURATION"),
+        ({"LEASE_DURATION": 0}, "LEASE_DURATION"),
+        ({"LEASE_DURATION": True}, "LEASE_DURATION"),
+        ({"MAX_ATTEMPTS": 0}, "MAX_ATTEMPTS"),
+        ({"MAX_ATTEMPTS": 1.5}, "MAX_ATTEMPTS"),
+        ({"MAX_STALLS": "3"}, "MAX_STALLS"),
+        ({"STALE_LOCK_AGE": -0.1}, "STALE_LOCK_AGE"),
+        ({"POLL_INTERVAL": 0}, "POLL_INTERVAL"),
+        ({"RETRY_BACKOFF": "fast"}, "RETRY_BACKOFF"),
+        ({"RETRY_BACKOFF": {"bogus": 1}}, "RETRY_BACKOFF"),
+        ({"RETRY_BACKOFF": {"jitter": 1.5}}, "jitter"),
+        ({"RETRY_BACKOFF": {"factor": 0.5}}, "factor"),
+        ({"DATABASE": 1}, "DATABASE"),
+        ({"DATABASE": ""}, "DATABASE"),
+        ({"IMPORTS": "tests.tasks"}, "IMPORTS"),
+    ],
+)
+def test_e002_bad_value(options: dict[str, Any], needle: str) -> None:
+    messages = leasejobs_messages(options)
+    assert ids(messages) == [E_BAD_VALUE], messages
+    assert needle in messages[0].msg
+    assert messages[0].level == checks.ERROR
+
+
+@pytest.mark.parametrize("options", [[], None], ids=["list", "none"])
+def test_e002_options_not_a_dict(options: Any) -> None:
+    messages = leasejobs_messages(options)
+    assert ids(messages) == [E_BAD_VALUE]
+    assert "OPTIONS must be a dict" in messages[0].msg
+
+
+@pytest.mark.parametrize("options", ["abc", 5, ["LEASE_DURATION"]], ids=["str", "int", "list"])
+def test_e002_options_not_a_dict_does_not_crash_the_check_run(options: Any) -> None:
+    messages = leasejobs_messages(options)
+    assert ids(messages) == [E_BAD_VALUE]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"LEASE_DURATION": float("nan")},
+        {"LEASE_DURATION": float("inf")},
+        {"HEARTBEAT_INTERVAL": float("nan")},
+        {"RETRY_BACKOFF": {"base": float("nan")}},
+    ],
+    ids=["lease-nan", "lease-inf", "heartbeat-nan", "backoff-base-nan"],
+)
+def test_e002_non_finite_numbers(options: dict[str, Any]) -> None:
+    assert E_BAD_VALUE in ids(leasejobs_messages(options))
+
+
+def test_several_problems_are_all_reported() -> None:
+    messages = leasejobs_messages({"NOPE": 1, "MAX_ATTEMPTS": 0, "LOCK_LOST_BEHAVIOR": "x"})
+    assert sorted(ids(messages)) == sorted([E_UNKNOWN_OPTION, E_BAD_VALUE, E_LOCK_LOST_BEHAVIOR])
+
+
+# --------------------------------------------------------------------------- E003
+
+
+def test_e003_unknown_lock_lost_behavior_option() -> None:
+    messages = leasejobs_messages({"LOCK_LOST_BEHAVIOR": "sighup"})
+    assert ids(messages) == [E_LOCK_LOST_BEHAVIOR]
+    assert "sighup" in messages[0].msg
+    assert "LOCK_LOST_BEHAVIOR option" in messages[0].msg
+
+
+def test_e003_unknown_lock_lost_behavior_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(LOCK_LOST_ENV_VAR, "sigstop")
+    messages = leasejobs_messages({})
+    assert ids(messages) == [E_LOCK_LOST_BEHAVIOR]
+    assert "sigstop" in messages[0].msg
+    assert LOCK_LOST_ENV_VAR in messages[0].msg
+
+
+def test_env_var_overrides_a_valid_option() -> None:
+    config, problems = parse_options(
+        {"LOCK_LOST_BEHAVIOR": "sigkill"}, environ={LOCK_LOST_ENV_VAR: "sigterm"}
+    )
+    assert problems == []
+    assert config.lock_lost_behavior == "sigterm"
+
+
+def test_env_var_is_normalised_and_overrides_the_process_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(LOCK_LOST_ENV_VAR, " SIGTERM ")
+    config, problems = parse_options({"LOCK_LOST_BEHAVIOR": "sigkill"})
+    assert (config.lock_lost_behavior, problems) == ("sigterm", [])
+    # An empty variable is "unset": the option applies.
+    config, problems = parse_options(
+        {"LOCK_LOST_BEHAVIOR": "sigterm"}, environ={LOCK_LOST_ENV_VAR: ""}
+    )
+    assert (config.lock_lost_behavior, problems) == ("sigterm", [])
+    # Without either, the default.
+    assert parse_options({}, environ={})[0].lock_lost_behavior == "sigkill"
+
+
+# --------------------------------------------------------------------------- E004 / W001
+
+
+def test_e004_heartbeat_not_below_lease() -> None:
+    messages = leasejobs_messages({"LEASE_DURATION": 30, "HEARTBEAT_INTERVAL": 30})
+    assert ids(messages) == [E_HEARTBEAT_NOT_BELOW_LEASE]
+    assert messages[0].level == checks.ERROR
+    messages = leasejobs_messages({"LEASE_DURATION": 5})  # default heartbeat 10 s
+    assert ids(messages) == [E_HEARTBEAT_NOT_BELOW_LEASE]
+
+
+def test_w001_heartbeat_above_a_third_of_the_lease() -> None:
+    messages = leasejobs_messages({"LEASE_DURATION": 30, "HEARTBEAT_INTERVAL": 15})
+    assert ids(messages) == [W_HEARTBEAT_TOO_SLOW]
+    assert messages[0].level == checks.WARNING
+    # Exactly a third is fine.
+    assert leasejobs_messages({"LEASE_DURATION": 30, "HEARTBEAT_INTERVAL": 10}) == []
+
+
+# --------------------------------------------------------------------------- E005 / E006
+
+
+def test_e005_unknown_database_alias() -> None:
+    messages = leasejobs_messages({"DATABASE": "jobs"})
+    assert ids(messages) == [E_UNKNOWN_DATABASE]
+    assert "'jobs'" in messages[0].msg
+    assert "default" in messages[0].hint
+
+
+@pytest.mark.django_db
+def test_database_feature_problem_is_empty_for_the_test_database() -> None:
+    assert connections["default"].vendor in {"postgresql", "sqlite", "mysql"}
+    assert leasejobs_checks.database_feature_problem("default") == ""
+
+
+@pytest.fixture
+def dummy_database(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A second, real DATABASES alias using Django's dummy backend (vendor 'unknown')."""
+    alias = "legacy"
+    databases = connections.configure_settings(
+        {**connections.settings, alias: {"ENGINE": "django.db.backends.dummy"}}
+    )
+    monkeypatch.setitem(connections.settings, alias, databases[alias])
+    if settings.DATABASES is not connections.settings:
+        monkeypatch.setitem(settings.DATABASES, alias, databases[alias])
+    assert alias in settings.DATABASES
+    yield alias
+    with contextlib.suppress(AttributeError):  # only there if the test connected
+        del connections[alias]
+
+
+def test_e006_unsupported_database_vendor(dummy_database: str) -> None:
+    assert connections[dummy_database].vendor == "unknown"
+    problem = leasejobs_checks.database_feature_problem(dummy_database)
+    assert "'unknown'" in problem
+    assert "not supported" in problem
+
+    tasks = {
+        **tasks_setting({}),
+        "legacy": {"BACKEND": BACKEND, "OPTIONS": {"DATABASE": dummy_database}},
+    }
+    with override_settings(TASKS=tasks):
+        messages = [m for m in run_checks() if str(m.id).startswith("leasejobs.")]
+    assert ids(messages) == [E_DATABASE_FEATURES]
+    assert messages[0].obj == "TASKS['legacy']"
+    assert "'legacy'" in messages[0].msg
+    assert "not supported" in messages[0].msg
+
+
+# --------------------------------------------------------------------------- manage.py check
+
+
+@pytest.mark.slow
+def test_manage_py_check_fails_on_a_bad_setting(
+    run_manage: Any, subprocess_env: dict[str, str]
+) -> None:
+    ok = run_manage(["check"])
+    assert ok.returncode == 0, ok.stderr
+    assert "leasejobs." not in ok.stdout + ok.stderr
+
+    env = {**subprocess_env, LOCK_LOST_ENV_VAR: "sigbogus"}
+    bad = run_manage(["check"], env=env)
+    assert bad.returncode != 0
+    assert "leasejobs.E003" in bad.stderr
+    assert "sigbogus" in bad.stderr
