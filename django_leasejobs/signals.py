@@ -3,7 +3,8 @@
 Every signal is sent with ``sender`` = the backend class (``LeaseJobsBackend``)
 and keyword arguments ``job_id``, ``backend`` (alias) and the ones listed.
 Receivers run in the process that made the transition (producer, worker or
-reaper); exceptions in receivers are logged, never raised into the transition.
+reaper); they are called with ``send_robust``, so an exception in a receiver is
+logged, never raised into the transition.
 """
 
 from django.dispatch import Signal
