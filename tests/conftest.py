@@ -80,3 +80,23 @@ def run_manage(subprocess_env: dict[str, str]) -> RunManage:
         )
 
     return run
+
+
+@pytest.fixture
+def workers(subprocess_env: dict[str, str]):  # type: ignore[no-untyped-def]
+    """Start real ``runworker`` subprocesses (see tests/worker_harness.py); all killed after."""
+    from tests.worker_harness import Workers
+
+    factory = Workers(subprocess_env)
+    try:
+        yield factory
+    finally:
+        factory.cleanup()
+
+
+@pytest.fixture
+def marker_dir(tmp_path: Path) -> str:
+    """A directory where worker test tasks leave evidence (tests/tasks_worker.py)."""
+    path = tmp_path / "markers"
+    path.mkdir()
+    return str(path)

@@ -52,3 +52,21 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" and not IN_TES
         **DATABASES["default"].get("TEST", {}),
         "NAME": os.path.join(_sqlite_dir, "test.sqlite3"),
     }
+
+# Worker tests start real `runworker` subprocesses with short timings: they pass the
+# backend OPTIONS as JSON in LEASEJOBS_TEST_OPTIONS (merged over the defaults).
+if os.environ.get("LEASEJOBS_TEST_OPTIONS"):
+    import json
+
+    from testproject.settings import TASKS
+
+    TASKS = {
+        **TASKS,
+        "default": {
+            **TASKS["default"],
+            "OPTIONS": {
+                **TASKS["default"].get("OPTIONS", {}),
+                **json.loads(os.environ["LEASEJOBS_TEST_OPTIONS"]),
+            },
+        },
+    }

@@ -1,0 +1,103 @@
+"""``manage.py runworker``: run a worker (claims jobs, runs them, keeps their leases)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import autoreload
+
+from ...worker import Worker, WorkerConfig
+from ..argtypes import non_negative_seconds, positive_int
+from ..backends import get_leasejobs_backend
+
+
+def queue_list(value: str) -> tuple[str, ...]:
+    queues = tuple(q.strip() for q in value.split(",") if q.strip())
+    if not queues:
+        raise argparse.ArgumentTypeError("expected one or more queue names, comma separated")
+    return queues
+
+
+def worker_id(value: str) -> str:
+    if not value.strip() or len(value) > 255:
+        raise argparse.ArgumentTypeError("expected a non-empty id of at most 255 characters")
+    return value
+
+
+class Command(BaseCommand):
+    help = "Run a worker: claim ready jobs, run them in isolated slots, keep their leases alive."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--backend", default="default", help="TASKS alias (default: default).")
+        parser.add_argument(
+            "--queues",
+            type=queue_list,
+            default=None,
+            help="Comma-separated queues to take jobs from (default: the backend's QUEUES).",
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=positive_int,
+            default=os.cpu_count() or 1,
+            help="Jobs run at once (default: the CPU count).",
+        )
+        parser.add_argument(
+            "--pool",
+            choices=("process", "thread"),
+            default="process",
+            help="process (default): each job in a killable child process; thread: for "
+            "I/O-bound jobs, weaker isolation (a lost lease only flags the job).",
+        )
+        parser.add_argument(
+            "--burst", action="store_true", help="Exit once no job is ready and none runs."
+        )
+        parser.add_argument(
+            "--max-jobs", type=positive_int, default=None, help="Exit after this many jobs."
+        )
+        parser.add_argument(
+            "--worker-id",
+            type=worker_id,
+            default=None,
+            help="Unique id of this worker (default: host:pid:random).",
+        )
+        parser.add_argument(
+            "--shutdown-timeout",
+            type=non_negative_seconds,
+            default=30.0,
+            help="On SIGTERM/SIGINT, seconds to let running jobs finish before they are "
+            "stopped and released (default: 30).",
+        )
+        parser.add_argument(
+            "--reload",
+            action="store_true",
+            help="Development: restart the worker when Python code changes.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        backend = get_leasejobs_backend(options["backend"])
+        if options["queues"] and backend.queues:
+            unknown = sorted(set(options["queues"]) - set(backend.queues))
+            if unknown:
+                raise CommandError(
+                    f"--queues names queues not in TASKS[{backend.alias!r}]['QUEUES']: "
+                    f"{', '.join(unknown)}"
+                )
+        config = WorkerConfig(
+            backend=options["backend"],
+            queues=options["queues"],
+            concurrency=options["concurrency"],
+            pool=options["pool"],
+            burst=options["burst"],
+            max_jobs=options["max_jobs"],
+            worker_id=options["worker_id"],
+            shutdown_timeout=options["shutdown_timeout"],
+        )
+        if options["reload"]:
+            autoreload.run_with_reloader(lambda: Worker(config).run())
+            return
+        code = Worker(config).run()
+        if code:
+            raise CommandError(f"worker exited with status {code}", returncode=code)

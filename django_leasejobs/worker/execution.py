@@ -1,0 +1,171 @@
+"""Running one claimed job inside a slot (child process or pool thread).
+
+What a slot needs: resolve the row's task (registered tasks only), build the
+context for ``takes_context`` tasks, call the task, and turn the outcome into a
+plain, picklable :class:`Outcome` (JSON result, or error class path + traceback).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..compat import TaskContext, TaskResult, TaskResultStatus
+from ..exceptions import InvalidTaskArguments, UnknownTask
+from ..leases import ClaimedJob, ErrorInfo, save_checkpoint
+from ..registry import resolve
+from ..serialization import json_value
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What a slot receives for one attempt (picklable: sent to child processes)."""
+
+    job: ClaimedJob
+    worker_id: str
+    backend: str
+    database: str
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    lease: tuple[int, int]
+    ok: bool
+    result: Any = None
+    error: ErrorInfo | None = None
+    retryable: bool = True
+    duration: float = 0.0
+
+
+ProgressSink = Callable[[tuple[int, int], float | None, str | None], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobContext(TaskContext):  # type: ignore[misc]
+    """The context a ``takes_context=True`` task receives.
+
+    Besides django.tasks' ``task_result`` it offers ``job_id``, ``attempt`` (the
+    attempt number, 1-based), ``worker_id``, ``set_progress()``, ``checkpoint`` /
+    ``save_checkpoint()`` and ``lease_lost``.
+    """
+
+    job_id: int
+    attempt_number: int
+    worker_id: str
+    database: str
+    initial_checkpoint: Any = None
+    progress_sink: ProgressSink | None = None
+    lost_flag: threading.Event = field(default_factory=threading.Event)
+    _state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def attempt(self) -> int:  # type: ignore[override]
+        return self.attempt_number
+
+    @property
+    def lease(self) -> tuple[int, int]:
+        return (self.job_id, self.attempt_number)
+
+    @property
+    def lease_lost(self) -> bool:
+        """True once the worker knows this attempt's lease is gone (thread pool)."""
+        return self.lost_flag.is_set()
+
+    def set_progress(self, fraction: float | None, message: str | None = None) -> None:
+        """Report progress (0..1) and a short message; sent with the next heartbeat."""
+        if fraction is not None:
+            fraction = min(max(float(fraction), 0.0), 1.0)
+        if self.progress_sink is not None:
+            self.progress_sink(self.lease, fraction, message)
+
+    @property
+    def checkpoint(self) -> Any:
+        """The last checkpoint saved by any attempt of this job (None at first)."""
+        return self._state.get("checkpoint", self.initial_checkpoint)
+
+    def save_checkpoint(self, data: Any) -> None:
+        """Store ``data`` (JSON) as the job's checkpoint, fenced on this attempt's lease.
+
+        Raises ``LeaseLost`` when this attempt no longer owns the job.
+        """
+        value = json_value(data, "checkpoint")
+        save_checkpoint(
+            self.job_id, self.attempt_number, self.worker_id, value, using=self.database
+        )
+        self._state["checkpoint"] = value
+
+
+def _error(exc: BaseException) -> ErrorInfo:
+    kind = type(exc)
+    return ErrorInfo(
+        exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
+        message=str(exc),
+        traceback="".join(traceback.format_exception(exc)),
+    )
+
+
+def _task_result(spec: JobSpec, task: Any) -> TaskResult:
+    job = spec.job
+    return TaskResult(
+        task=task,
+        id=str(job.id),
+        status=TaskResultStatus.RUNNING,
+        enqueued_at=None,
+        started_at=None,
+        finished_at=None,
+        last_attempted_at=None,
+        args=job.args,
+        kwargs=job.kwargs,
+        backend=spec.backend,
+        errors=[],
+        worker_ids=[spec.worker_id],
+    )
+
+
+def execute(
+    spec: JobSpec,
+    *,
+    progress_sink: ProgressSink | None = None,
+    lost_flag: threading.Event | None = None,
+) -> Outcome:
+    """Run one attempt and describe how it ended. Never raises (but KeyboardInterrupt)."""
+    job = spec.job
+    started = time.monotonic()
+    try:
+        task = resolve(job.task_path)
+    except UnknownTask as exc:
+        return Outcome(job.lease, ok=False, error=_error(exc), retryable=False)
+    try:
+        if task.takes_context:
+            context = JobContext(
+                task_result=_task_result(spec, task),
+                job_id=job.id,
+                attempt_number=job.attempt,
+                worker_id=spec.worker_id,
+                database=spec.database,
+                initial_checkpoint=job.checkpoint,
+                progress_sink=progress_sink,
+                lost_flag=lost_flag or threading.Event(),
+            )
+            value = task.call(context, *job.args, **job.kwargs)
+        else:
+            value = task.call(*job.args, **job.kwargs)
+        result = json_value(value, "the task's return value")
+    except KeyboardInterrupt:
+        raise
+    except InvalidTaskArguments as exc:
+        # A return value that is not JSON will not become JSON on a retry.
+        return Outcome(
+            job.lease,
+            ok=False,
+            error=_error(exc),
+            retryable=False,
+            duration=time.monotonic() - started,
+        )
+    except BaseException as exc:
+        return Outcome(job.lease, ok=False, error=_error(exc), duration=time.monotonic() - started)
+    return Outcome(job.lease, ok=True, result=result, duration=time.monotonic() - started)

@@ -1,0 +1,161 @@
+"""Background threads of a worker: heartbeat, watchdog and reaper.
+
+* ``Heartbeat`` renews all of the worker's leases in one UPDATE every
+  ``HEARTBEAT_INTERVAL``, carries the jobs' progress, and stops jobs whose lease
+  was not renewed or whose cancel was requested. It also touches the worker's
+  registry row.
+* ``Watchdog`` never touches the database, so it keeps working when the database
+  does not answer: it stops jobs whose last renewal is older than
+  ``LEASE_DURATION - HEARTBEAT_INTERVAL`` (the worker fences itself before the
+  database-side lease expires), jobs past their timeout, and escalates SIGTERM to
+  SIGKILL after ``LOCK_LOST_GRACE``.
+* ``Reaper`` runs the same reap pass as ``manage.py reap_stale_locks`` every
+  ``STALE_LOCK_INTERVAL`` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError, connections
+from django.db.models.functions import Now
+
+from .. import leases
+from ..models import Worker as WorkerRow
+from ..reaper import reap_once
+
+if TYPE_CHECKING:
+    from .loop import Worker
+
+logger = logging.getLogger("django_leasejobs")
+
+
+class _WorkerThread(threading.Thread):
+    def __init__(self, worker: Worker, stop: threading.Event, name: str) -> None:
+        super().__init__(name=f"leasejobs-{name}", daemon=True)
+        self.worker = worker
+        self.stop_event = stop
+
+    def _reset_connection(self) -> None:
+        with contextlib.suppress(DatabaseError):
+            connections[self.worker.database].close()
+
+    def run(self) -> None:
+        try:
+            self.loop()
+        finally:
+            connections.close_all()
+
+    def loop(self) -> None:
+        raise NotImplementedError
+
+
+class Heartbeat(_WorkerThread):
+    def __init__(self, worker: Worker, stop: threading.Event) -> None:
+        super().__init__(worker, stop, "heartbeat")
+
+    def loop(self) -> None:
+        interval = self.worker.options.heartbeat_interval
+        while not self.stop_event.wait(interval):
+            self.beat()
+
+    def beat(self) -> None:
+        worker = self.worker
+        with worker.lock:
+            wanted = {
+                lease: running.progress
+                for lease, running in worker.running.items()
+                if running.stop_reason is None
+            }
+        try:
+            if wanted:
+                result = leases.renew(
+                    worker.worker_id,
+                    wanted,
+                    lease_duration=worker.options.lease_duration,
+                    using=worker.database,
+                )
+                now = time.monotonic()
+                with worker.lock:
+                    for lease in result.held:
+                        if lease in worker.running:
+                            worker.running[lease].last_renewed = now
+                for lease in result.lost:
+                    worker.stop(
+                        lease,
+                        "lease_lost",
+                        "the renewal matched no row (reaped, re-claimed or finished elsewhere)",
+                    )
+                for lease in result.cancel_requested:
+                    worker.stop(lease, "cancelled", "an operator cancelled the job")
+            WorkerRow.objects.using(worker.database).filter(pk=worker.worker_id).update(
+                last_seen_at=Now(), state="stopping" if worker.stopping else "running"
+            )
+        except DatabaseError as exc:
+            logger.warning(
+                "heartbeat failed: %s",
+                exc,
+                extra={"worker": worker.worker_id, "count": len(wanted), "error": str(exc)},
+            )
+            self._reset_connection()
+
+
+class Watchdog(_WorkerThread):
+    TICK = 0.1
+
+    def __init__(self, worker: Worker, stop: threading.Event) -> None:
+        super().__init__(worker, stop, "watchdog")
+
+    def loop(self) -> None:
+        while not self.stop_event.wait(self.TICK):
+            self.check()
+
+    def check(self) -> None:
+        worker = self.worker
+        now = time.monotonic()
+        deadline = worker.options.local_lease_deadline
+        with worker.lock:
+            snapshot = [
+                (lease, running)
+                for lease, running in worker.running.items()
+                if running.stop_reason is None
+            ]
+        for lease, running in snapshot:
+            silent = now - running.last_renewed
+            if silent > deadline:
+                worker.stop(
+                    lease,
+                    "lease_lost",
+                    f"no successful renewal for {silent:.1f}s (local deadline {deadline:g}s): "
+                    "cut off from the database",
+                )
+            elif running.job.timeout is not None and now - running.started > running.job.timeout:
+                worker.stop(lease, "timeout", f"after {now - running.started:.1f}s")
+        worker.pool.escalate()
+
+
+class Reaper(_WorkerThread):
+    def __init__(self, worker: Worker, stop: threading.Event) -> None:
+        super().__init__(worker, stop, "reaper")
+
+    def loop(self) -> None:
+        worker = self.worker
+        while not self.stop_event.wait(worker.options.stale_lock_interval):
+            try:
+                reap_once(
+                    stale_lock_age=worker.options.stale_lock_age,
+                    backend=worker.backend.alias,
+                    using=worker.database,
+                    reaper=worker.worker_id,
+                )
+            except DatabaseError as exc:
+                logger.warning(
+                    "background reap failed: %s",
+                    exc,
+                    extra={"worker": worker.worker_id, "error": str(exc)},
+                )
+                self._reset_connection()
