@@ -81,9 +81,7 @@ def kill_worker(context: Any, marker_dir: str, name: str) -> None:
 @task(takes_context=True, timeout=1, max_attempts=1)
 def overrun(context: Any, marker_dir: str, name: str) -> None:
     """Runs past its 1 s timeout (and spawns a grandchild that must die with it)."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)"]
-    )
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     _mark(marker_dir, f"{name}.pids", f"{context.attempt} {os.getpid()} {child.pid}")
     time.sleep(120)
 
