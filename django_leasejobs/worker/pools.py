@@ -100,7 +100,10 @@ class ProcessPool:
         connections.close_all()
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         lifeline_r, lifeline_w = os.pipe()
-        others = [s.lifeline_w for s in self._slots if s is not None]
+        # The other slots' lifeline write ends must not stay open in this child, or a
+        # dead worker would go unnoticed by them. Closed ones (-1) are skipped: their fd
+        # numbers may already be reused by the pipes just created.
+        others = [s.lifeline_w for s in self._slots if s.lifeline_w >= 0]
         process = self._ctx.Process(
             target=child_main,
             args=(child_conn, lifeline_r, others),
@@ -131,8 +134,10 @@ class ProcessPool:
         self._slots[slot.index] = self._spawn(slot.index)
 
     def _close_slot(self, slot: _ProcessSlot) -> None:
-        with contextlib.suppress(OSError):
-            os.close(slot.lifeline_w)
+        if slot.lifeline_w >= 0:
+            with contextlib.suppress(OSError):
+                os.close(slot.lifeline_w)
+            slot.lifeline_w = -1
         slot.conn.close()
         slot.process.join(timeout=5)
 
