@@ -23,11 +23,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import Case, DateTimeField, ExpressionWrapper, F, Q, Value, When
 from django.db.models.functions import Now
 
@@ -196,6 +196,23 @@ def _claimed(row: Sequence[Any]) -> ClaimedJob:
         checkpoint=_json(values["checkpoint"]),
         retry_backoff=_json(values["retry_backoff"]),
     )
+
+
+def database_now(using: str = "default") -> datetime:
+    """The database's clock, as an aware UTC datetime (the clock every lease uses)."""
+    vendor = _vendor(using)
+    sql = {
+        "postgresql": "SELECT statement_timestamp()",
+        "mysql": "SELECT UTC_TIMESTAMP(6)",
+    }.get(vendor, "SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql)
+        (value,) = cursor.fetchone()
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
 
 
 # --------------------------------------------------------------------------- claim
@@ -780,3 +797,49 @@ def cancel(job_id: int, *, using: str = "default") -> CancelResult:
     if jobs.exists():
         return CancelResult.NOT_CANCELLABLE
     return CancelResult.NOT_FOUND
+
+
+# --------------------------------------------------------------------------- operator retries
+
+
+class RetryResult(StrEnum):
+    RETRIED = "retried"
+    WRONG_STATE = "wrong_state"
+    """The job is not failed or dead (it is pending, running, succeeded or cancelled)."""
+    KEY_TAKEN = "key_taken"
+    """Another pending or running job holds the job's dedup key."""
+    NOT_FOUND = "not_found"
+
+
+def retry(
+    job_id: int, *, statuses: Sequence[str] | None = None, using: str = "default"
+) -> RetryResult:
+    """Put a failed or dead job back to ``pending``, runnable at once.
+
+    Only ``failed`` and ``dead`` jobs (or the given subset of them) are retried. The
+    job gets a fresh budget: its stall count is reset and it may run at least one
+    more attempt (``max_attempts`` becomes at least ``attempt + 1``). Its attempt
+    history stays.
+    """
+    allowed = list(statuses or (JobStatus.FAILED, JobStatus.DEAD))
+    if not set(allowed) <= {JobStatus.FAILED, JobStatus.DEAD}:
+        raise ValueError(f"only failed or dead jobs can be retried, not {allowed}")
+    jobs = Job.objects.using(using).filter(pk=job_id)
+    try:
+        with transaction.atomic(using=using):
+            changed = jobs.filter(status__in=allowed).update(
+                status=JobStatus.PENDING,
+                run_after=Now(),
+                finished_at=None,
+                stall_count=0,
+                cancel_requested=False,
+                max_attempts=Case(
+                    When(max_attempts__lte=F("attempt"), then=F("attempt") + 1),
+                    default=F("max_attempts"),
+                ),
+            )
+    except IntegrityError:
+        return RetryResult.KEY_TAKEN
+    if changed == 1:
+        return RetryResult.RETRIED
+    return RetryResult.WRONG_STATE if jobs.exists() else RetryResult.NOT_FOUND

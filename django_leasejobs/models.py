@@ -109,6 +109,12 @@ class Job(models.Model):
         db_table = "leasejobs_job"
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
+        permissions = [
+            ("retry_job", "Can retry failed or dead jobs"),
+            ("cancel_job", "Can cancel jobs"),
+            ("requeue_job", "Can requeue dead jobs"),
+            ("purge_job", "Can delete finished jobs"),
+        ]
         indexes = [
             # Matches the claim's WHERE and ORDER BY, and stays small: only pending rows.
             models.Index(
@@ -155,6 +161,16 @@ class Job(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED_STATUSES
+
+
+class QueueDashboard(Job):
+    """Proxy that gives the admin's queue dashboard its place in the app's model list."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("queue dashboard")
+        verbose_name_plural = _("queue dashboard")
+        default_permissions = ()
 
 
 class JobAttempt(models.Model):
