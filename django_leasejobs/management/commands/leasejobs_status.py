@@ -1,0 +1,137 @@
+"""``manage.py leasejobs_status``: the dashboard's health summary in a terminal (or as JSON).
+
+With ``--max-age`` / ``--max-dead`` / ``--max-expired`` it doubles as a health probe:
+exit code 1 when a threshold is passed, 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+
+from ...stats import Health, collect
+from ...templatetags.leasejobs_admin import percent, seconds
+from ..argtypes import non_negative_seconds
+from ..backends import get_leasejobs_backend
+
+
+def non_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}")
+    return number
+
+
+class Command(BaseCommand):
+    help = "Print queue health (counts per queue, oldest ready job, dead letters, workers)."
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--backend", default="default", help="TASKS alias (default: default).")
+        parser.add_argument("--json", action="store_true", help="Print JSON for scripts.")
+        parser.add_argument(
+            "--max-age",
+            type=non_negative_seconds,
+            default=None,
+            help="Exit 1 when the oldest ready job has waited longer than this (seconds).",
+        )
+        parser.add_argument(
+            "--max-dead",
+            type=non_negative_int,
+            default=None,
+            help="Exit 1 when there are more dead letters than this.",
+        )
+        parser.add_argument(
+            "--max-expired",
+            type=non_negative_int,
+            default=None,
+            help="Exit 1 when more running jobs than this are past their lease.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        backend = get_leasejobs_backend(options["backend"])
+        try:
+            health = collect(
+                using=backend.database, online_after=3 * backend.config.heartbeat_interval + 5
+            )
+        except DatabaseError as exc:
+            raise CommandError(
+                f"database {backend.database!r} unreachable or failing: {exc}".strip(), returncode=2
+            ) from exc
+        problems = self._problems(health, options)
+        if options["json"]:
+            payload = health.as_dict()
+            payload["problems"] = problems
+            self.stdout.write(json.dumps(payload, indent=2, sort_keys=True))
+        else:
+            self._print_table(health, problems)
+        if problems:
+            raise CommandError("; ".join(problems), returncode=1)
+
+    def _problems(self, health: Health, options: dict[str, Any]) -> list[str]:
+        totals = health.totals
+        problems = []
+        wait = totals.oldest_ready_wait
+        if options["max_age"] is not None and wait is not None and wait > options["max_age"]:
+            problems.append(f"oldest ready job has waited {wait:.0f}s (> {options['max_age']:g}s)")
+        if options["max_dead"] is not None and totals.dead > options["max_dead"]:
+            problems.append(f"{totals.dead} dead letters (> {options['max_dead']})")
+        if options["max_expired"] is not None and totals.expired > options["max_expired"]:
+            problems.append(
+                f"{totals.expired} running jobs past their lease (> {options['max_expired']})"
+            )
+        return problems
+
+    def _print_table(self, health: Health, problems: list[str]) -> None:
+        header = (
+            "queue",
+            "ready",
+            "sched",
+            "running",
+            "expired",
+            "dead",
+            "ok/1h",
+            "fail/1h",
+            "fail%",
+            "oldest",
+        )
+        rows = [
+            (
+                q.queue,
+                q.ready,
+                q.scheduled,
+                q.running,
+                q.expired,
+                q.dead,
+                q.succeeded_last_hour,
+                q.failed_last_hour,
+                percent(q.failure_rate),
+                seconds(q.oldest_ready_wait),
+            )
+            for q in [*health.queues, health.totals]
+        ]
+        widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+
+        def fmt(values: tuple[Any, ...]) -> str:
+            cells = [
+                str(v).ljust(widths[i]) if i == 0 else str(v).rjust(widths[i])
+                for i, v in enumerate(values)
+            ]
+            return "  ".join(cells)
+
+        self.stdout.write(fmt(header))
+        for row in rows:
+            self.stdout.write(fmt(row))
+        self.stdout.write(
+            f"\nworkers online: {health.workers_online}   running jobs listed: "
+            f"{len(health.running)}   database time: {health.now:%Y-%m-%d %H:%M:%S}"
+        )
+        for problem in problems:
+            self.stderr.write(f"PROBLEM: {problem}")
