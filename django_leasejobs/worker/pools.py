@@ -92,7 +92,9 @@ class ProcessPool:
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:
-        self._slots = [self._spawn(i) for i in range(self.size)]
+        self._slots = []
+        for index in range(self.size):  # one by one: each child closes its elders' lifelines
+            self._slots.append(self._spawn(index))
 
     def _spawn(self, index: int) -> _ProcessSlot:
         # The child gets no database connection from us: close ours (this thread's)
@@ -106,7 +108,9 @@ class ProcessPool:
         others = [s.lifeline_w for s in self._slots if s.lifeline_w >= 0]
         process = self._ctx.Process(
             target=child_main,
-            args=(child_conn, lifeline_r, others),
+            # The child closes its own copy of the write end too: otherwise it would hold
+            # its lifeline open itself and never see the worker die.
+            args=(child_conn, lifeline_r, [lifeline_w, *others]),
             name=f"leasejobs-slot-{index}",
             daemon=False,
         )
