@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
 
@@ -48,3 +50,14 @@ def flaky(context: Any, succeed_on_attempt: int = 3) -> int:
 def always_fails() -> None:
     """Never succeeds: ends as ``failed`` after its attempts, with the errors recorded."""
     raise DemoError("this task always fails")
+
+
+@task(takes_context=True, max_stalls=2)
+def crash_worker(context: Any) -> None:
+    """A poison pill: kills the worker process that runs it (not just its own slot).
+
+    The worker's jobs are recovered by the reaper; after ``max_stalls`` expired
+    leases this job becomes a dead letter, which the admin can inspect and retry.
+    """
+    os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(60)

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
-from demo.tasks import add, always_fails, flaky, slow
+from demo.tasks import add, always_fails, crash_worker, flaky, slow
 
 
 class Command(BaseCommand):
@@ -69,5 +69,6 @@ class Command(BaseCommand):
         report("flaky(succeed_on_attempt=3)", flaky.enqueue(succeed_on_attempt=3))
         report("flaky(succeed_on_attempt=9)", flaky.enqueue(succeed_on_attempt=9))
         report("always_fails()", always_fails.enqueue())
+        report("crash_worker() [kills its worker; dead after 2 stalls]", crash_worker.enqueue())
 
         self.stdout.write(self.style.SUCCESS(f"{enqueued} demo jobs enqueued"))
