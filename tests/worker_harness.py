@@ -167,6 +167,15 @@ class Workers:
         self._pids.update(pids)
 
     def cleanup(self) -> None:
+        # Workers run in their own sessions: everything in a worker's session is ours too
+        # (slots whose worker died before we listed them, grandchildren of jobs).
+        sessions = {worker.pid for worker in self.started}
+        for process in psutil.process_iter():
+            try:
+                if os.getsid(process.pid) in sessions:
+                    self._pids.add(process.pid)
+            except (ProcessLookupError, PermissionError, psutil.Error):
+                pass
         for worker in self.started:
             if worker.popen.poll() is None:
                 self._remember_tree(worker)
@@ -181,5 +190,7 @@ class Workers:
         for worker in self.started:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 worker.popen.wait(timeout=10)
-            if worker.popen.stdout is not None:
+            worker._reader.join(timeout=5)
+            if worker.popen.stdout is not None and not worker._reader.is_alive():
+                # (Closing while the reader still blocks on it would hang.)
                 worker.popen.stdout.close()

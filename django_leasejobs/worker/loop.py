@@ -43,7 +43,7 @@ from ..signals import job_failed, job_started, job_succeeded, lease_lost
 from .execution import JobSpec, Outcome
 from .heartbeat import Heartbeat, Reaper, Watchdog
 from .listener import Listener
-from .pools import Event, ProcessPool, ProgressEvent, SlotDied, ThreadPool
+from .pools import Event, ProcessPool, ProgressEvent, ThreadPool
 
 logger = logging.getLogger("django_leasejobs")
 
@@ -223,9 +223,26 @@ class Worker:
         for thread in self._threads:
             thread.start()
 
+    def _with_reconnect(self, what: str, write: Any) -> None:
+        """Run a registry write; after a dropped connection, reconnect and try once more."""
+        for attempt in (1, 2):
+            try:
+                write()
+                return
+            except DatabaseError as exc:
+                connections[self.database].close()
+                if attempt == 2:
+                    logger.warning(
+                        "could not %s the worker: %s",
+                        what,
+                        exc,
+                        extra={"worker": self.worker_id, "error": str(exc)},
+                    )
+
     def _register(self) -> None:
-        try:
-            WorkerRow.objects.using(self.database).update_or_create(
+        self._with_reconnect(
+            "register",
+            lambda: WorkerRow.objects.using(self.database).update_or_create(
                 pk=self.worker_id,
                 defaults={
                     "backend": self.backend.alias,
@@ -237,18 +254,18 @@ class Worker:
                     "state": WorkerState.RUNNING,
                     "stopped_at": None,
                 },
-            )
-        except DatabaseError:
-            logger.exception("could not register the worker", extra={"worker": self.worker_id})
-            connections[self.database].close()
+            ),
+        )
 
     def _deregister(self) -> None:
-        try:
-            WorkerRow.objects.using(self.database).filter(pk=self.worker_id).update(
-                state=WorkerState.STOPPED, stopped_at=Now(), last_seen_at=Now()
-            )
-        except DatabaseError:
-            logger.warning("could not deregister the worker", extra={"worker": self.worker_id})
+        self._with_reconnect(
+            "deregister",
+            lambda: (
+                WorkerRow.objects.using(self.database)
+                .filter(pk=self.worker_id)
+                .update(state=WorkerState.STOPPED, stopped_at=Now(), last_seen_at=Now())
+            ),
+        )
 
     # ------------------------------------------------------------------ main loop
 
@@ -413,15 +430,14 @@ class Worker:
                 running = self.running.get(event.lease)
             if running is None:
                 continue
-            if running.stop_reason is not None:
-                description = (
-                    event.exit_description if isinstance(event, SlotDied) else "finished anyway"
-                )
-                self._job_stopped(running, description)
-            elif isinstance(event, SlotDied):
-                self._record(running, ("killed", event.exit_description))
-            else:
+            if isinstance(event, Outcome):
+                # A real outcome wins even when a stop raced it: the job did finish. (A
+                # lost lease is still safe: the fence rejects the write.)
                 self._record(running, event)
+            elif running.stop_reason is not None:
+                self._job_stopped(running, event.exit_description)
+            else:
+                self._record(running, ("killed", event.exit_description))
 
     def _job_stopped(self, running: RunningJob, description: str) -> None:
         reason = running.stop_reason
