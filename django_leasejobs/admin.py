@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
@@ -131,6 +132,10 @@ class JobAttemptInline(admin.TabularInline):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Attempts are part of a job's history: whoever may view jobs sees them.
+        return request.user.has_perm("django_leasejobs.view_job")
 
     @admin.display(description=_("error"))
     def error(self, attempt: JobAttempt) -> str:
@@ -281,7 +286,7 @@ class JobAdmin(admin.ModelAdmin):
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
     ) -> tuple[QuerySet[Job], bool]:
         term = search_term.strip().lstrip("#")
-        if term.isdigit():
+        if term.isascii() and term.isdecimal() and len(term) < 19:
             return queryset.filter(pk=int(term)), False
         return super().get_search_results(request, queryset, search_term)
 
@@ -430,6 +435,8 @@ class JobAdmin(admin.ModelAdmin):
         ]
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
         return dashboard_response(self.admin_site, request)
 
 
@@ -503,6 +510,8 @@ class QueueDashboardAdmin(admin.ModelAdmin):
         return self.has_view_permission(request)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
         return dashboard_response(self.admin_site, request)
 
 

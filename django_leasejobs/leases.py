@@ -28,7 +28,16 @@ from enum import StrEnum
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Case, DateTimeField, ExpressionWrapper, F, Q, Value, When
+from django.db.models import (
+    Case,
+    DateTimeField,
+    ExpressionWrapper,
+    F,
+    PositiveIntegerField,
+    Q,
+    Value,
+    When,
+)
 from django.db.models.functions import Now
 
 from .exceptions import LeaseLost
@@ -836,6 +845,7 @@ def retry(
                 max_attempts=Case(
                     When(max_attempts__lte=F("attempt"), then=F("attempt") + 1),
                     default=F("max_attempts"),
+                    output_field=PositiveIntegerField(),
                 ),
             )
     except IntegrityError:
