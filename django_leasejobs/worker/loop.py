@@ -77,6 +77,8 @@ class RunningJob:
     progress: Progress | None = None
     stop_reason: StopReason | None = None
     stop_detail: str = ""
+    recording: bool = False
+    """The main loop is writing this attempt's outcome: a renewal that misses it is no news."""
 
 
 class Worker:
@@ -365,7 +367,7 @@ class Worker:
         """Stop a running job (any thread). Lease loss also fires ``lease_lost``."""
         with self.lock:
             running = self.running.get(lease)
-            if running is None or running.stop_reason is not None:
+            if running is None or running.stop_reason is not None or running.recording:
                 return
             running.stop_reason = reason
             running.stop_detail = detail
@@ -474,6 +476,8 @@ class Worker:
     def _write(self, running: RunningJob, what: Any) -> None:
         """Write how an attempt ended, fenced; forget the job once written (or void)."""
         job = running.job
+        with self.lock:
+            running.recording = True
         lease_age = time.monotonic() - running.last_renewed
         if lease_age > self.options.local_lease_deadline:
             logger.error(

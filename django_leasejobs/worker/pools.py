@@ -88,6 +88,7 @@ class ProcessPool:
         self._ctx = multiprocessing.get_context("fork")
         self._slots: list[_ProcessSlot] = []
         self._lock = threading.Lock()
+        self._owed_kills: list[tuple[int, float]] = []  # (process group, when) after SIGTERM
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -155,6 +156,11 @@ class ProcessPool:
                 self._signal_group(slot, signal.SIGKILL)
             self._close_slot(slot)
         self._slots = []
+        with self._lock:
+            for pgid, _due in self._owed_kills:  # the worker leaves: nothing it ran stays
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+            self._owed_kills = []
 
     # -- jobs ----------------------------------------------------------------------
 
@@ -203,6 +209,14 @@ class ProcessPool:
                     pass
             if not slot.process.is_alive():
                 slot.process.join(timeout=1)
+                if slot.term_sent_at is not None and not slot.killed:
+                    # The job left on SIGTERM, but what it started may still run in its
+                    # group: the SIGKILL after the grace is still owed. (A group id is not
+                    # reused while the group has members, so killpg stays safe.)
+                    with self._lock:
+                        self._owed_kills.append(
+                            (slot.pid, slot.term_sent_at + self.lock_lost_grace)
+                        )
                 if slot.lease is not None:
                     events.append(SlotDied(slot.lease, describe_exit(slot.process.exitcode)))
                     slot.lease = None
@@ -233,6 +247,15 @@ class ProcessPool:
         soonest: float | None = None
         now = time.monotonic()
         with self._lock:
+            owed = []
+            for pgid, due in self._owed_kills:
+                if due <= now:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pgid, signal.SIGKILL)
+                else:
+                    owed.append((pgid, due))
+                    soonest = due - now if soonest is None else min(soonest, due - now)
+            self._owed_kills = owed
             for slot in self._slots:
                 if slot.term_sent_at is None or slot.killed:
                     continue
