@@ -98,6 +98,7 @@ class Worker:
         if queues is None and backend.queues:
             queues = tuple(sorted(backend.queues))
         self.queues = queues
+        self._harden_connections()
         self.running: dict[Lease, RunningJob] = {}
         self.lock = threading.RLock()
         self.stopping = False
@@ -122,6 +123,28 @@ class Worker:
         self._stop_threads = threading.Event()
 
     # ------------------------------------------------------------------ plumbing
+
+    def _harden_connections(self) -> None:
+        """Make a dead network path fail fast instead of hanging a thread for minutes.
+
+        On PostgreSQL over TCP, the worker's connections get TCP keepalives, a
+        ``tcp_user_timeout`` of one lease and a connect timeout, unless the site's
+        ``DATABASES[...]["OPTIONS"]`` sets them. (libpq ignores them on Unix sockets.)
+        """
+        settings_dict = connections.settings[self.database]
+        if settings_dict.get("ENGINE", "").rsplit(".", 1)[-1] != "postgresql":
+            return
+        options = settings_dict.setdefault("OPTIONS", {})
+        defaults = {
+            "connect_timeout": 10,
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+            "tcp_user_timeout": int(self.options.lease_duration * 1000),
+        }
+        for key, value in defaults.items():
+            options.setdefault(key, value)
 
     def wake(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
