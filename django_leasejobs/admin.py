@@ -14,12 +14,14 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
@@ -70,22 +72,74 @@ class TaskFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> Iterable[tuple[str, str]]:
         # Tasks of active jobs plus recently finished ones: cheap on a big table.
-        recent = timezone.now() - timedelta(days=1)
+        recent = timezone.now() - timedelta(hours=1)
         paths = (
             Job.objects.filter(
-                Q(status__in=[JobStatus.PENDING, JobStatus.RUNNING, JobStatus.DEAD])
-                | Q(finished_at__gte=recent)
+                Q(status__in=[JobStatus.PENDING, JobStatus.RUNNING])
+                | Q(status__in=FINISHED_STATUSES, finished_at__gte=recent)
             )
             .values_list("task_path", flat=True)
             .distinct()
             .order_by("task_path")[:200]
         )
-        return [(path, path) for path in paths]
+        # Dead letters of any age, through their own small partial index.
+        dead = (
+            Job.objects.filter(status=JobStatus.DEAD)
+            .values_list("task_path", flat=True)
+            .distinct()
+            .order_by("task_path")[:200]
+        )
+        return [(path, path) for path in sorted({*paths, *dead})]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
         if self.value():
             return queryset.filter(task_path=self.value())
         return queryset
+
+
+class QueueFilter(admin.SimpleListFilter):
+    """Queues the backends declare plus those of active jobs (no DISTINCT over the table)."""
+
+    title = _("queue")
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> Iterable[tuple[str, str]]:
+        from .backend import LeaseJobsBackend
+        from .compat import task_backends
+
+        names = {
+            queue
+            for backend in task_backends.all()
+            if isinstance(backend, LeaseJobsBackend)
+            for queue in backend.queues
+        }
+        names.update(
+            Job.objects.filter(status__in=[JobStatus.PENDING, JobStatus.RUNNING])
+            .values_list("queue", flat=True)
+            .distinct()
+        )
+        chosen = self.value()
+        if chosen:
+            names.add(chosen)
+        return [(name, name) for name in sorted(names)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        if self.value():
+            return queryset.filter(queue=self.value())
+        return queryset
+
+
+class CappedCountPaginator(Paginator):
+    """Counts at most CAP rows: COUNT(*) over a million jobs costs more than the page."""
+
+    CAP = 10_000
+
+    @cached_property
+    def count(self) -> int:
+        rows: Any = self.object_list
+        if isinstance(rows, QuerySet):
+            return rows.values("pk").order_by()[: self.CAP + 1].count()
+        return len(rows)
 
 
 class WorkerFilter(admin.SimpleListFilter):
@@ -195,7 +249,8 @@ class JobAdmin(admin.ModelAdmin):
         "finished_at",
     )
     list_display_links = ("id", "task_name")
-    list_filter = ("status", "queue", TaskFilter, HasErrorsFilter, WorkerFilter)
+    list_filter = ("status", QueueFilter, TaskFilter, HasErrorsFilter, WorkerFilter)
+    paginator = CappedCountPaginator
     search_fields = ("task_path", "=key")
     search_help_text = _("Job id, dedup key, or part of the task path.")
 

@@ -155,7 +155,7 @@ def collect(*, using: str = "default", online_after: float = 60.0) -> Health:
         if row["oldest_ready"] is not None:
             q.oldest_ready_wait = _seconds(db_now - row["oldest_ready"])
 
-    for dead in jobs.filter(status=JobStatus.DEAD).values("queue").annotate(n=Count("id")):
+    for dead in jobs.filter(status=JobStatus.DEAD).values("queue").annotate(n=Count("*")):
         queue(dead["queue"]).dead = dead["n"]
 
     since = db_now - WINDOW
