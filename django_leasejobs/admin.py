@@ -38,7 +38,19 @@ from .models import (
 )
 
 DASHBOARD_REFRESH_SECONDS = 5
-ONLINE_AFTER_SECONDS = 60.0
+
+
+def online_after() -> float:
+    """The "online" window of the admin: as ``leasejobs_status``, from the default backend."""
+    from .backend import LeaseJobsBackend
+    from .compat import task_backends
+
+    heartbeats = [
+        backend.config.heartbeat_interval
+        for backend in task_backends.all()
+        if isinstance(backend, LeaseJobsBackend)
+    ]
+    return stats.online_window(max(heartbeats, default=10.0))
 
 
 def pretty_json(value: Any) -> str:
@@ -240,7 +252,6 @@ class JobAdmin(admin.ModelAdmin):
         "queue",
         "status_badge",
         "attempts_display",
-        "stall_count",
         "worker",
         "lease_left",
         "progress_display",
@@ -405,7 +416,9 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("last error"))
     def last_error_display(self, job: Job) -> str:
-        return format_html("<pre>{}</pre>", job.last_error) if job.last_error else "-"
+        if not job.last_error:
+            return "-"
+        return format_html('<pre class="leasejobs-error">{}</pre>', job.last_error)
 
     # -- actions ------------------------------------------------------------------
 
@@ -523,7 +536,7 @@ def chart_bars(
 
 def dashboard_response(site: admin.AdminSite, request: HttpRequest) -> HttpResponse:
     database = Job.objects.db
-    health = stats.collect(using=database, online_after=ONLINE_AFTER_SECONDS)
+    health = stats.collect(using=database, online_after=online_after())
     context = {
         **site.each_context(request),
         "title": _("Queue dashboard"),
@@ -625,7 +638,7 @@ class WorkerAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("online"), boolean=True)
     def online(self, worker: Worker) -> bool:
-        recent = timezone.now() - timedelta(seconds=ONLINE_AFTER_SECONDS)
+        recent = timezone.now() - timedelta(seconds=online_after())
         return worker.state != WorkerState.STOPPED and worker.last_seen_at >= recent
 
     @admin.display(description=_("jobs held"), ordering="held")

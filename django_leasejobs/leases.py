@@ -138,14 +138,16 @@ def _attempt_table(using: str) -> str:
 def _now_sql(vendor: str) -> str:
     if vendor == "postgresql":
         return "statement_timestamp()"  # what Django's Now() uses: one clock everywhere
-    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+    # Six fractional digits, as Django stores datetimes on SQLite: text comparisons
+    # between the two then agree within the same millisecond.
+    return "(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')"
 
 
 def _now_offset_sql(vendor: str) -> str:
     """SQL for now() + N seconds; takes one parameter made by :func:`_offset_param`."""
     if vendor == "postgresql":
         return "(statement_timestamp() + make_interval(secs => %s))"
-    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+    return "(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000')"
 
 
 def _offset_param(vendor: str, seconds: float) -> Any:

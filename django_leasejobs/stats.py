@@ -19,6 +19,13 @@ from .leases import database_now
 from .models import FINISHED_STATUSES, Job, JobStatus, Worker, WorkerState
 
 WINDOW = timedelta(hours=1)
+
+
+def online_window(heartbeat_interval: float) -> float:
+    """Seconds without a heartbeat after which a worker is shown as gone."""
+    return 3 * heartbeat_interval + 5
+
+
 RUNNING_LIST_LIMIT = 50
 
 

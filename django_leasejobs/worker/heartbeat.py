@@ -92,9 +92,13 @@ class Heartbeat(_WorkerThread):
                     )
                 for lease in result.cancel_requested:
                     worker.stop(lease, "cancelled", "an operator cancelled the job")
-            WorkerRow.objects.using(worker.database).filter(pk=worker.worker_id).update(
-                last_seen_at=Now(), state="stopping" if worker.stopping else "running"
+            seen = (
+                WorkerRow.objects.using(worker.database)
+                .filter(pk=worker.worker_id)
+                .update(last_seen_at=Now(), state="stopping" if worker.stopping else "running")
             )
+            if not seen:  # the row was deleted (by an operator): put it back
+                worker.register()
         except DatabaseError as exc:
             logger.warning(
                 "heartbeat failed: %s",

@@ -194,7 +194,7 @@ class Worker:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self.pool.start()  # fork the slots before any other thread exists
         try:
-            self._register()
+            self.register()
             self._start_threads()
             logger.info(
                 "worker %s started: backend=%s queues=%s pool=%s concurrency=%d lease=%gs "
@@ -264,7 +264,7 @@ class Worker:
                         extra={"worker": self.worker_id, "error": str(exc)},
                     )
 
-    def _register(self) -> None:
+    def register(self) -> None:
         self._with_reconnect(
             "register",
             lambda: WorkerRow.objects.using(self.database).update_or_create(

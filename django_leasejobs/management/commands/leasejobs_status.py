@@ -13,7 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from ...stats import Health, collect
+from ...stats import Health, collect, online_window
 from ...templatetags.leasejobs_admin import percent, seconds
 from ..argtypes import non_negative_seconds
 from ..backends import get_leasejobs_backend
@@ -59,7 +59,8 @@ class Command(BaseCommand):
         backend = get_leasejobs_backend(options["backend"])
         try:
             health = collect(
-                using=backend.database, online_after=3 * backend.config.heartbeat_interval + 5
+                using=backend.database,
+                online_after=online_window(backend.config.heartbeat_interval),
             )
         except DatabaseError as exc:
             raise CommandError(
