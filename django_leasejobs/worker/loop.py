@@ -157,6 +157,17 @@ class Worker:
         except (BlockingIOError, OSError):
             pass
 
+    def _send(self, signal: Any, job: ClaimedJob, **extra: Any) -> None:
+        """Send one of our job signals with the keys every one of them carries."""
+        signal.send_robust(
+            sender=LeaseJobsBackend,
+            job_id=job.id,
+            backend=self.backend.alias,
+            attempt=job.attempt,
+            worker_id=self.worker_id,
+            **extra,
+        )
+
     def _log_extra(self, job: ClaimedJob, **more: Any) -> dict[str, Any]:
         return {
             "job_id": job.id,
@@ -403,14 +414,7 @@ class Worker:
                 detail,
                 extra=self._log_extra(job, reason=detail),
             )
-            lease_lost.send_robust(
-                sender=LeaseJobsBackend,
-                job_id=job.id,
-                backend=self.backend.alias,
-                attempt=job.attempt,
-                worker_id=self.worker_id,
-                reason=detail,
-            )
+            self._send(lease_lost, job, reason=detail)
         else:
             logger.warning(
                 "stopping job %s attempt %s: %s %s",
@@ -525,14 +529,7 @@ class Worker:
                 exc,
                 extra=self._log_extra(job, transition=exc.transition),
             )
-            lease_lost.send_robust(
-                sender=LeaseJobsBackend,
-                job_id=job.id,
-                backend=self.backend.alias,
-                attempt=job.attempt,
-                worker_id=self.worker_id,
-                reason=str(exc),
-            )
+            self._send(lease_lost, job, reason=str(exc))
         self._forget(running)
 
     def _retry_delay(self, running: RunningJob) -> float:
@@ -556,15 +553,7 @@ class Worker:
                 outcome.duration,
                 extra=self._log_extra(job, duration=round(outcome.duration, 6)),
             )
-            job_succeeded.send_robust(
-                sender=LeaseJobsBackend,
-                job_id=job.id,
-                backend=self.backend.alias,
-                attempt=job.attempt,
-                worker_id=self.worker_id,
-                task_path=job.task_path,
-                duration=outcome.duration,
-            )
+            self._send(job_succeeded, job, task_path=job.task_path, duration=outcome.duration)
             self._announce_finish(running, JobStatus.SUCCEEDED, outcome.result)
             return
         error = outcome.error or ErrorInfo("django_leasejobs.exceptions.JobFailure")
@@ -650,16 +639,7 @@ class Worker:
                 retry_in=delay if status == JobStatus.PENDING else None,
             ),
         )
-        job_failed.send_robust(
-            sender=LeaseJobsBackend,
-            job_id=job.id,
-            backend=self.backend.alias,
-            attempt=job.attempt,
-            worker_id=self.worker_id,
-            task_path=job.task_path,
-            status=status,
-            error=error,
-        )
+        self._send(job_failed, job, task_path=job.task_path, status=status, error=error)
         self._announce_finish(running, status, None)
 
     # ------------------------------------------------------------------ django.tasks signals
@@ -690,14 +670,7 @@ class Worker:
             job.task_path,
             extra=self._log_extra(job),
         )
-        job_started.send_robust(
-            sender=LeaseJobsBackend,
-            job_id=job.id,
-            backend=self.backend.alias,
-            attempt=job.attempt,
-            worker_id=self.worker_id,
-            task_path=job.task_path,
-        )
+        self._send(job_started, job, task_path=job.task_path)
         if running.task is not None:
             task_started.send_robust(
                 type(self.backend), task_result=self._task_result(running, JobStatus.RUNNING, None)

@@ -6,7 +6,6 @@ exit code 1 when a threshold is passed, 0 otherwise.
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
@@ -15,18 +14,8 @@ from django.db import DatabaseError
 
 from ...stats import Health, collect, online_window
 from ...templatetags.leasejobs_admin import percent, seconds
-from ..argtypes import non_negative_seconds
+from ..argtypes import non_negative_int, non_negative_seconds
 from ..backends import get_leasejobs_backend
-
-
-def non_negative_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}")
-    return number
 
 
 class Command(BaseCommand):
