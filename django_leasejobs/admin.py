@@ -252,6 +252,7 @@ class JobAdmin(admin.ModelAdmin):
         "queue",
         "status_badge",
         "attempts_display",
+        "stall_count",
         "worker",
         "lease_left",
         "progress_display",

@@ -151,3 +151,23 @@ def test_worker_class_runs_in_process_without_call_command(marker_dir: str) -> N
     row = WorkerRow.objects.get(pk=worker.worker_id)
     assert (row.pid, row.pool, row.concurrency) == (os.getpid(), "thread", 1)
     assert row.state == WorkerState.STOPPED
+
+
+def test_reload_runs_the_worker_under_the_autoreloader(
+    run_manage: Any, subprocess_env: dict[str, str]
+) -> None:
+    """``--reload``: the worker runs in a child of Django's autoreloader (development)."""
+    ids = [tasks.add.enqueue(i, i).id for i in range(3)]
+    options = {"POLL_INTERVAL": 0.2, "STALE_LOCK_INTERVAL": 0}
+    done = run_manage(
+        ["runworker", "--reload", "--burst", "--pool", "thread", "--concurrency", "1"],
+        env={**subprocess_env, "LEASEJOBS_TEST_OPTIONS": json.dumps(options)},
+        timeout=REFUSAL_TIMEOUT,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "Watching for file changes" in output
+    assert "started: backend=default" in output
+    assert set(Job.objects.filter(pk__in=ids).values_list("status", flat=True)) == {
+        JobStatus.SUCCEEDED
+    }

@@ -202,7 +202,13 @@ class Worker:
 
     def run(self) -> int:
         registry.autodiscover(self.options.imports)
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        # Signal handlers only work in the main thread. Under ``--reload`` the worker runs
+        # in a thread of Django's autoreloader, which handles the signals itself.
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            previous = {
+                s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)
+            }
         self.pool.start()  # fork the slots before any other thread exists
         try:
             self.register()

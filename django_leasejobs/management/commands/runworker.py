@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from typing import Any
 
@@ -73,7 +74,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--reload",
             action="store_true",
-            help="Development: restart the worker when Python code changes.",
+            help="Development: restart the worker when Python code changes (running jobs "
+            "are stopped abruptly and re-run after their lease expires).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -96,7 +98,15 @@ class Command(BaseCommand):
             shutdown_timeout=options["shutdown_timeout"],
         )
         if options["reload"]:
-            autoreload.run_with_reloader(lambda: Worker(config).run())
+
+            def run_reloaded() -> None:
+                # The autoreloader runs this in a thread and watches files in the main
+                # thread; when the worker ends (--burst, --max-jobs), end the process too.
+                code = Worker(config).run()
+                logging.shutdown()
+                os._exit(code)
+
+            autoreload.run_with_reloader(run_reloaded)
             return
         code = Worker(config).run()
         if code:
