@@ -1,0 +1,69 @@
+"""``manage.py prune_jobs``: delete old finished jobs in short batches (for cron)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+
+from ...pruning import parse_age, prune, statuses_for
+from ..argtypes import positive_int
+from ..backends import get_leasejobs_backend
+
+
+class Command(BaseCommand):
+    # Like reap_stale_locks: no system checks first, so an unreachable database gives the
+    # clean one-line error below.
+    requires_system_checks: list[str] = []
+    help = (
+        "Delete finished jobs (succeeded, cancelled; with --include-failed also failed and "
+        "dead) whose finished_at is older than --older-than, in short batches."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--older-than",
+            type=parse_age,
+            required=True,
+            help="Age of finished_at, database clock: e.g. 90s, 30m, 12h, 7d, 2w.",
+        )
+        parser.add_argument(
+            "--include-failed",
+            action="store_true",
+            help="Also delete failed and dead jobs (default: only succeeded and cancelled).",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=positive_int,
+            default=1000,
+            help="Jobs deleted per transaction (default: 1000).",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
+        )
+        parser.add_argument("--backend", default="default", help="TASKS alias (default: default).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        backend = get_leasejobs_backend(options["backend"])
+        try:
+            result = prune(
+                older_than=options["older_than"],
+                include_failed=options["include_failed"],
+                batch_size=options["batch_size"],
+                dry_run=options["dry_run"],
+                backend=backend.alias,
+                using=backend.database,
+            )
+        except DatabaseError as exc:
+            detail = " ".join(str(exc).split())
+            message = f"database {backend.database!r} unreachable or failing: {detail}".strip()
+            raise CommandError(message, returncode=2) from exc
+        if result.dry_run:
+            statuses = ",".join(statuses_for(options["include_failed"]))
+            self.stdout.write(
+                f"dry run: would prune finished jobs count={result.count} "
+                f"batches={result.batches} statuses={statuses}"
+            )
+            return
+        self.stdout.write(f"pruned finished jobs count={result.count}")

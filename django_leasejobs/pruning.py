@@ -1,0 +1,122 @@
+"""Delete old finished jobs (and their attempts) in short, bounded batches.
+
+Used by ``manage.py prune_jobs``. The age cut-off is computed by the database
+(``Now() - interval``), never by this process's clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import connections, transaction
+from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
+from django.db.models.functions import Now
+
+from .models import Job, JobAttempt, JobStatus
+
+logger = logging.getLogger("django_leasejobs")
+
+DEFAULT_STATUSES: tuple[str, ...] = (JobStatus.SUCCEEDED, JobStatus.CANCELLED)
+FAILED_STATUSES: tuple[str, ...] = (JobStatus.FAILED, JobStatus.DEAD)
+
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_AGE_RE = re.compile(r"([0-9]+)([smhdw])")
+
+
+def parse_age(value: str) -> timedelta:
+    """argparse ``type=``: ``90s``, ``30m``, ``12h``, ``7d``, ``2w`` -> a positive timedelta."""
+    match = _AGE_RE.fullmatch(value.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number with a unit s, m, h, d or w (e.g. 7d), got {value!r}"
+        )
+    number = int(match.group(1))
+    if number == 0:
+        raise argparse.ArgumentTypeError(f"expected an age > 0, got {value!r}")
+    try:
+        return timedelta(seconds=number * _AGE_UNITS[match.group(2)])
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"age too large, got {value!r}") from None
+
+
+def statuses_for(include_failed: bool) -> tuple[str, ...]:
+    return DEFAULT_STATUSES + FAILED_STATUSES if include_failed else DEFAULT_STATUSES
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    count: int
+    batches: int
+    dry_run: bool
+
+
+def _prunable(older_than: timedelta, statuses: tuple[str, ...], backend: str | None) -> Q:
+    cutoff = ExpressionWrapper(Now() - Value(older_than), output_field=DateTimeField())
+    condition = Q(status__in=statuses, finished_at__lt=cutoff)
+    if backend is not None:
+        condition &= Q(backend=backend)
+    return condition
+
+
+def prune(
+    *,
+    older_than: timedelta,
+    include_failed: bool = False,
+    batch_size: int = 1000,
+    dry_run: bool = False,
+    backend: str | None = None,
+    using: str = "default",
+) -> PruneResult:
+    """Delete finished jobs whose ``finished_at`` is older than ``older_than`` (database clock).
+
+    Each batch is its own short transaction: lock up to ``batch_size`` matching ids
+    (lowest first; rows locked by someone else are skipped where the database can),
+    delete their attempts, then the jobs. Stops after the first short batch.
+    ``dry_run`` only counts.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    statuses = statuses_for(include_failed)
+    condition = _prunable(older_than, statuses, backend)
+    jobs = Job.objects.using(using)
+
+    if dry_run:
+        count = jobs.filter(condition).count()
+        return PruneResult(count=count, batches=-(-count // batch_size), dry_run=True)
+
+    skip_locked = connections[using].features.has_select_for_update_skip_locked
+    total = batches = 0
+    while True:
+        with transaction.atomic(using=using):
+            ids = list(
+                jobs.filter(condition)
+                .select_for_update(skip_locked=skip_locked)
+                .order_by("id")
+                .values_list("id", flat=True)[:batch_size]
+            )
+            if ids:
+                # Attempts first and explicitly, in the same transaction: the result does
+                # not depend on a database-level ON DELETE CASCADE.
+                JobAttempt.objects.using(using).filter(job_id__in=ids).delete()
+                _, per_model = jobs.filter(pk__in=ids).delete()
+                total += per_model.get(Job._meta.label, 0)
+                batches += 1
+        if len(ids) < batch_size:
+            break
+
+    logger.info(
+        "pruned finished jobs count=%d",
+        total,
+        extra={
+            "count": total,
+            "batches": batches,
+            "older_than": older_than.total_seconds(),
+            "statuses": list(statuses),
+            "backend": backend,
+        },
+    )
+    return PruneResult(count=total, batches=batches, dry_run=False)
