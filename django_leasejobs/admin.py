@@ -36,6 +36,7 @@ from .models import (
     Worker,
     WorkerState,
 )
+from .templatetags.leasejobs_admin import seconds
 
 DASHBOARD_REFRESH_SECONDS = 5
 
@@ -67,20 +68,21 @@ def _status_badge(status: str) -> str:
     )
 
 
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    value = float(value)
-    if abs(value) < 120:
-        return f"{value:.0f}s"
-    if abs(value) < 7200:
-        return f"{value / 60:.0f}m"
-    return f"{value / 3600:.1f}h"
+class FieldValueFilter(admin.SimpleListFilter):
+    """A list filter whose value is matched exactly against one job column."""
+
+    field: str
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        if self.value():
+            return queryset.filter(**{self.field: self.value()})
+        return queryset
 
 
-class TaskFilter(admin.SimpleListFilter):
+class TaskFilter(FieldValueFilter):
     title = _("task")
     parameter_name = "task"
+    field = "task_path"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> Iterable[tuple[str, str]]:
         # Tasks of active jobs plus recently finished ones: cheap on a big table.
@@ -103,17 +105,13 @@ class TaskFilter(admin.SimpleListFilter):
         )
         return [(path, path) for path in sorted({*paths, *dead})]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        if self.value():
-            return queryset.filter(task_path=self.value())
-        return queryset
 
-
-class QueueFilter(admin.SimpleListFilter):
+class QueueFilter(FieldValueFilter):
     """Queues the backends declare plus those of active jobs (no DISTINCT over the table)."""
 
     title = _("queue")
     parameter_name = "queue"
+    field = "queue"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> Iterable[tuple[str, str]]:
         from .backend import LeaseJobsBackend
@@ -135,11 +133,6 @@ class QueueFilter(admin.SimpleListFilter):
             names.add(chosen)
         return [(name, name) for name in sorted(names)]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        if self.value():
-            return queryset.filter(queue=self.value())
-        return queryset
-
 
 class CappedCountPaginator(Paginator):
     """Counts at most CAP rows: COUNT(*) over a million jobs costs more than the page."""
@@ -154,20 +147,16 @@ class CappedCountPaginator(Paginator):
         return len(rows)
 
 
-class WorkerFilter(admin.SimpleListFilter):
+class WorkerFilter(FieldValueFilter):
     """``?worker=<id>``: jobs a worker holds (linked from the worker list; not shown)."""
 
     title = _("worker")
     parameter_name = "worker"
+    field = "locked_by"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> Iterable[tuple[str, str]]:
         value = self.value()
         return [(value, value)] if value else []
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        if self.value():
-            return queryset.filter(locked_by=self.value())
-        return queryset
 
 
 class HasErrorsFilter(admin.SimpleListFilter):
@@ -386,7 +375,7 @@ class JobAdmin(admin.ModelAdmin):
         left = (job.locked_until - timezone.now()).total_seconds()
         if left < 0:
             return format_html('<span class="leasejobs-expired">{}</span>', _("expired"))
-        return _seconds(left)
+        return seconds(left)
 
     @admin.display(description=_("progress"))
     def progress_display(self, job: Job) -> str:
@@ -546,7 +535,6 @@ def dashboard_response(site: admin.AdminSite, request: HttpRequest) -> HttpRespo
         "chart": chart_bars(health.per_minute),
         "refresh_seconds": DASHBOARD_REFRESH_SECONDS,
         "job_changelist": reverse(f"{site.name}:django_leasejobs_job_changelist"),
-        "fmt_seconds": _seconds,
         "opts": Job._meta,
     }
     template = (
