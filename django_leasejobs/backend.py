@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, transaction
 
-from . import registry
+from . import leases, registry
 from .compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -24,6 +24,7 @@ from .compat import (
 )
 from .conf import E_UNKNOWN_DATABASE, Options, Problem, parse_options
 from .lease_task import LeaseTask
+from .leases import NewJob
 from .models import ACTIVE_STATUSES, AttemptOutcome, Job, JobAttempt, JobStatus
 from .retry import Backoff
 from .serialization import json_arguments
@@ -86,10 +87,11 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         super().validate_task(task)
         registry.register(task)
 
-    def _new_job(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
-        self.validate_task(task)
+    def _job_fields(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
+        """The columns of a new job row for one call (arguments checked: JSON only)."""
         json_args, json_kwargs = json_arguments(args, kwargs)
-        job = Job(
+        backoff = getattr(task, "retry_backoff", None)
+        return NewJob(
             backend=self.alias,
             queue=task.queue_name,
             task_path=task.module_path,
@@ -100,12 +102,17 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             max_stalls=getattr(task, "max_stalls", None) or self.config.max_stalls,
             timeout=getattr(task, "timeout", None),
             key=getattr(task, "key", None),
+            retry_backoff=asdict(backoff) if backoff is not None else None,
+            run_after=task.run_after,
         )
-        backoff = getattr(task, "retry_backoff", None)
-        if backoff is not None:
-            job.retry_backoff = asdict(backoff)
-        if task.run_after is not None:
-            job.run_after = task.run_after
+
+    def _new_job(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
+        self.validate_task(task)
+        fields = asdict(self._job_fields(task, args, kwargs))
+        run_after = fields.pop("run_after")
+        job = Job(**fields)
+        if run_after is not None:
+            job.run_after = run_after
         return job
 
     def _notify(self, queues: Iterable[str]) -> None:
@@ -163,6 +170,14 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:
         """Store a job. Participates in the caller's transaction: a rollback leaves no job."""
         self.require_valid_config()
+        if getattr(task, "key", None) is None and leases.can_insert_notify(self.database):
+            # PostgreSQL: the row and its wake-up in one statement, one round trip.
+            self.validate_task(task)
+            row = self._job_fields(task, args, kwargs)
+            job_id, enqueued_at = leases.insert_job(row, notify=NOTIFY_CHANNEL, using=self.database)
+            result = self._fresh_result(task, row, job_id, enqueued_at)
+            self._announce([result])
+            return result
         job = self._new_job(task, args, kwargs)
         created = True
         if job.key is not None:
@@ -183,12 +198,32 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         return result
 
     def bulk_enqueue(self, calls: Iterable[TaskCall]) -> list[TaskResult]:
-        """Enqueue many task calls with one multi-row INSERT; all or nothing.
+        """Enqueue many task calls at once; all or nothing.
 
-        ``calls`` holds ``(task, args, kwargs)`` triples. Calls whose task carries a
-        dedup ``key`` go through :meth:`enqueue` one by one (same transaction).
+        ``calls`` holds ``(task, args, kwargs)`` triples. On PostgreSQL with psycopg 3
+        the rows go in with one ``COPY`` (ids taken from the sequence first, in one
+        query); elsewhere, and when a call's task carries a dedup ``key``, with
+        multi-row INSERTs, keyed calls through :meth:`enqueue` one by one (same
+        transaction). Each distinct task is validated once per call of this method.
         """
         self.require_valid_config()
+        calls = list(calls)
+        checked: dict[int, Task] = {}
+        for task, _, _ in calls:
+            if id(task) not in checked:
+                self.validate_task(task)
+                checked[id(task)] = task
+        rows = [self._job_fields(task, args, kwargs) for task, args, kwargs in calls]
+        if rows and leases.can_copy(self.database) and all(row.key is None for row in rows):
+            with transaction.atomic(using=self.database):
+                ids, now = leases.copy_jobs(rows, using=self.database)
+                self._notify(row.queue for row in rows)
+            copied = [
+                self._fresh_result(task, row, job_id, now)
+                for (task, _, _), row, job_id in zip(calls, rows, ids, strict=True)
+            ]
+            self._announce(copied)
+            return copied
         prepared = [(task, self._new_job(task, args, kwargs)) for task, args, kwargs in calls]
         results: list[TaskResult | None] = [None] * len(prepared)
         with transaction.atomic(using=self.database):
@@ -206,6 +241,23 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             self._notify(job.queue for _, _, job in plain)
         self._announce([r for r in fresh if r is not None])
         return [r for r in results if r is not None]
+
+    def _fresh_result(self, task: Task, row: NewJob, job_id: int, now: Any) -> TaskResult:
+        """The django.tasks view of a job just inserted (no query needed)."""
+        return TaskResult(
+            task=task,
+            id=str(job_id),
+            status=STATUS_TO_RESULT[JobStatus.PENDING],
+            enqueued_at=now,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=list(row.args),
+            kwargs=dict(row.kwargs),
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
 
     def get_result(self, result_id: str) -> TaskResult:
         try:

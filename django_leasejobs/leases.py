@@ -21,6 +21,7 @@ This module knows nothing of processes, threads or signals.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -67,6 +68,11 @@ class ClaimedJob:
     @property
     def lease(self) -> tuple[int, int]:
         return (self.id, self.attempt)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Sent to a slot's process for every job: a plain tuple pickles several times
+        # faster than a slotted dataclass's default state.
+        return (ClaimedJob, tuple(getattr(self, name) for name in self.__slots__))
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +198,9 @@ _CLAIM_COLUMNS = (
 )
 
 
+_PRIORITY = _CLAIM_COLUMNS.index("priority")
+
+
 def _claimed(row: Sequence[Any]) -> ClaimedJob:
     values = dict(zip(_CLAIM_COLUMNS, row, strict=True))
     return ClaimedJob(
@@ -207,6 +216,145 @@ def _claimed(row: Sequence[Any]) -> ClaimedJob:
         checkpoint=_json(values["checkpoint"]),
         retry_backoff=_json(values["retry_backoff"]),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """The producer's columns of a job row about to be inserted."""
+
+    backend: str
+    queue: str
+    task_path: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    priority: int
+    max_attempts: int
+    max_stalls: int
+    timeout: float | None
+    key: str | None
+    retry_backoff: dict[str, float] | None
+    run_after: datetime | None
+    """None: runnable at once (the database's now)."""
+
+
+_INSERT_COLUMNS = (
+    "backend",
+    "queue",
+    "task_path",
+    "args",
+    "kwargs",
+    "priority",
+    "max_attempts",
+    "max_stalls",
+    "timeout",
+    "key",
+    "retry_backoff",
+    "status",
+    "attempt",
+    "stall_count",
+    "last_worker",
+    "cancel_requested",
+    "progress_message",
+    "last_error",
+    "enqueued_at",
+    "run_after",
+)
+_COPY_COLUMNS = ("id", *_INSERT_COLUMNS)
+
+
+def _job_values(job: NewJob) -> list[Any]:
+    """Values for ``_INSERT_COLUMNS`` but the last two (enqueued_at, run_after)."""
+    return [
+        job.backend,
+        job.queue,
+        job.task_path,
+        json.dumps(job.args),
+        json.dumps(job.kwargs),
+        job.priority,
+        job.max_attempts,
+        job.max_stalls,
+        job.timeout,
+        job.key,
+        None if job.retry_backoff is None else json.dumps(job.retry_backoff),
+        JobStatus.PENDING.value,
+        0,
+        0,
+        "",
+        False,
+        "",
+        "",
+        None,
+        None,
+    ]
+
+
+def can_copy(using: str) -> bool:
+    """True when :func:`copy_jobs` works here: PostgreSQL through psycopg 3."""
+    if _vendor(using) != "postgresql":
+        return False
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3)
+
+
+def can_insert_notify(using: str) -> bool:
+    """True when :func:`insert_job` works here (PostgreSQL)."""
+    return _vendor(using) == "postgresql"
+
+
+def insert_job(job: NewJob, *, notify: str, using: str = "default") -> tuple[int, datetime]:
+    """Insert one pending job and ``pg_notify(notify, queue)`` in ONE statement.
+
+    Returns the new id and its ``enqueued_at``. The notification is delivered when the
+    surrounding transaction commits (at once in autocommit), like any NOTIFY.
+    """
+    values = _job_values(job)
+    columns = ", ".join(_q(using, c) for c in _INSERT_COLUMNS)
+    sql = (
+        f"WITH inserted AS (INSERT INTO {_job_table(using)} ({columns}) "  # noqa: S608 - identifiers quoted, values bound
+        f"VALUES ({_placeholders(len(values) - 2)}, {_now_sql('postgresql')}, "
+        f"COALESCE(%s, {_now_sql('postgresql')})) "
+        f"RETURNING {_q(using, 'id')}, {_q(using, 'enqueued_at')}) "
+        "SELECT id, enqueued_at, pg_notify(%s, %s) FROM inserted"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, [*values[:-2], job.run_after, notify, job.queue])
+        job_id, enqueued_at, _ = cursor.fetchone()
+    return int(job_id), enqueued_at
+
+
+def copy_jobs(jobs: Sequence[NewJob], *, using: str = "default") -> tuple[list[int], datetime]:
+    """Insert pending jobs with PostgreSQL's ``COPY``; return their ids and the insert time.
+
+    Two round trips whatever the number of jobs: ids (and the database's now) from
+    the table's sequence, then one ``COPY ... FROM STDIN`` stream. Call it inside a
+    transaction to make the batch all or nothing.
+    """
+    if not jobs:
+        return [], database_now(using)
+    table = _job_table(using)
+    columns = ", ".join(_q(using, c) for c in _COPY_COLUMNS)
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')), statement_timestamp() "
+            "FROM generate_series(1, %s)",
+            [Job._meta.db_table, len(jobs)],
+        )
+        fetched = cursor.fetchall()
+        ids = [int(job_id) for job_id, _ in fetched]
+        now: datetime = fetched[0][1]
+        sql = f"COPY {table} ({columns}) FROM STDIN"
+        started = time.monotonic()
+        with cursor.cursor.copy(sql) as copy:
+            for job_id, job in zip(ids, jobs, strict=True):
+                copy.write_row((job_id, *_job_values(job)[:-2], now, job.run_after or now))
+    connection = connections[using]
+    if connection.queries_logged:  # Django logs execute() only: show the COPY too
+        elapsed = time.monotonic() - started
+        connection.queries_log.append(
+            {"sql": f"{sql} -- {len(jobs)} rows", "time": f"{elapsed:.3f}"}
+        )
+    return ids, now
 
 
 def database_now(using: str = "default") -> datetime:
@@ -240,9 +388,10 @@ def claim(
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` ready jobs for ``worker_id``: pending, ``run_after`` passed.
 
-    Order: priority (high first), then ``run_after``, then id. Each claimed row
-    becomes ``running`` with ``attempt + 1`` and a lease of ``lease_duration``
-    seconds, in the same statement: a running row without a lease cannot exist.
+    Order (of the claim and of the returned list): priority (high first), then
+    ``run_after``, then id. Each claimed row becomes ``running`` with ``attempt + 1``
+    and a lease of ``lease_duration`` seconds, in the same statement: a running row
+    without a lease cannot exist.
     """
     if limit <= 0:
         return []
@@ -269,13 +418,15 @@ def claim(
         f"started_at = COALESCE(started_at, {now}), last_attempted_at = {now}, "
         "cancel_requested = %s, progress = NULL, progress_message = '' "
         f"WHERE id IN (SELECT id FROM picked) AND status = 'pending' "
-        f"RETURNING {returning}"
+        f"RETURNING {returning}, {_q(using, 'run_after')}"
     )
     params += [limit, worker_id, _offset_param(vendor, lease_duration), worker_id, False]
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    return [_claimed(row) for row in rows]
+    # RETURNING gives no order: put the batch back in claim order (run_after is last).
+    rows.sort(key=lambda row: (-row[_PRIORITY], row[-1], row[0]))
+    return [_claimed(row[:-1]) for row in rows]
 
 
 def _claim_orm(
@@ -313,6 +464,7 @@ def _claim_orm(
         rows = (
             Job.objects.using(using)
             .filter(pk__in=ids, locked_by=worker_id, status=JobStatus.RUNNING)
+            .order_by("-priority", "run_after", "id")
             .values_list(*_CLAIM_COLUMNS)
         )
         return [_claimed(row) for row in rows]
@@ -445,6 +597,267 @@ def complete(
     )
     if changed != 1:
         raise LeaseLost(job_id, attempt, worker_id, "complete")
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One successful attempt, for :func:`complete_many`."""
+
+    job_id: int
+    attempt: int
+    result: Any = None
+
+    @property
+    def lease(self) -> tuple[int, int]:
+        return (self.job_id, self.attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One attempt that did not succeed, for :func:`fail_many`.
+
+    ``retry_delay=None`` fails the job for good; otherwise it is retried after that
+    many seconds unless its attempts are used up.
+    """
+
+    job_id: int
+    attempt: int
+    error: ErrorInfo
+    retry_delay: float | None
+    outcome: str = AttemptOutcome.ERROR
+
+    @property
+    def lease(self) -> tuple[int, int]:
+        return (self.job_id, self.attempt)
+
+
+def _sql_types(vendor: str, *kinds: str) -> tuple[str, ...]:
+    """Cast targets for a VALUES list (PostgreSQL needs them; SQLite takes affinities)."""
+    pg = {"id": "bigint", "int": "integer", "float": "double precision", "text": "text"}
+    pg["json"] = "jsonb"
+    lite = {"id": "INTEGER", "int": "INTEGER", "float": "REAL", "text": "TEXT", "json": "TEXT"}
+    names = pg if vendor == "postgresql" else lite
+    return tuple(names[k] for k in kinds)
+
+
+def _values_sql(vendor: str, rows: int, *kinds: str) -> str:
+    row = "(" + ", ".join(f"CAST(%s AS {t})" for t in _sql_types(vendor, *kinds)) + ")"
+    return ", ".join([row] * rows)
+
+
+def _lock_mine_cte(using: str, job_ids: Iterable[int], worker_id: str) -> tuple[str, list[Any]]:
+    """PostgreSQL: lock the worker's running rows among ``job_ids`` in id order.
+
+    Renewals, batched writes and the reaper all take row locks in id order, so the
+    heartbeat thread and the main loop of one worker never deadlock each other.
+    """
+    ids = sorted(set(job_ids))
+    sql = (
+        f"WITH mine AS (SELECT id FROM {_job_table(using)} "  # noqa: S608 - identifiers quoted, values bound
+        f"WHERE id IN ({_placeholders(len(ids))}) "
+        "AND locked_by = %s AND status = 'running' ORDER BY id FOR UPDATE) "
+    )
+    return sql, [*ids, worker_id]
+
+
+def complete_many(
+    worker_id: str, completions: Sequence[Completion], *, using: str = "default"
+) -> frozenset[tuple[int, int]]:
+    """Record many successful attempts in one fenced UPDATE; return the leases written.
+
+    Each row is fenced like :func:`complete` (this job, this attempt, this worker,
+    still running). A lease missing from the result was lost: nothing was written
+    for it.
+    """
+    if not completions:
+        return frozenset()
+    vendor = _vendor(using)
+    if vendor not in RETURNING_VENDORS:
+        done = set()
+        with transaction.atomic(using=using):
+            for c in completions:
+                try:
+                    complete(c.job_id, c.attempt, worker_id, result=c.result, using=using)
+                except LeaseLost:
+                    continue
+                done.add(c.lease)
+        return frozenset(done)
+    lock_cte, params = "", list[Any]()
+    lock_filter = ""
+    if vendor == "postgresql":
+        lock_cte, params = _lock_mine_cte(using, (c.job_id for c in completions), worker_id)
+        lock_filter = "AND j.id IN (SELECT id FROM mine) "
+    for c in completions:
+        params += [c.job_id, c.attempt, None if c.result is None else json.dumps(c.result)]
+    params.append(worker_id)
+    now = _now_sql(vendor)
+    sql = (
+        f"{lock_cte}UPDATE {_job_table(using)} AS j SET status = 'succeeded', "  # noqa: S608 - identifiers quoted, values bound
+        "result = v.column3, locked_by = NULL, locked_until = NULL, "
+        f"finished_at = {now}, cancel_requested = FALSE, "
+        "progress = CASE WHEN j.progress IS NULL THEN NULL ELSE 1.0 END "
+        f"FROM (VALUES {_values_sql(vendor, len(completions), 'id', 'int', 'json')}) AS v "
+        "WHERE j.id = v.column1 AND j.attempt = v.column2 "
+        f"AND j.locked_by = %s AND j.status = 'running' {lock_filter}"
+        "RETURNING id, attempt"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return frozenset((int(job_id), int(attempt)) for job_id, attempt in rows)
+
+
+def fail_many(
+    worker_id: str, failures: Sequence[Failure], *, using: str = "default"
+) -> dict[tuple[int, int], str]:
+    """Record many failed attempts at once; return each written lease's new status.
+
+    One fenced UPDATE for the job rows (each decides retry, ``failed`` or
+    ``cancelled`` exactly as :func:`fail` does) and one INSERT for their attempt
+    rows, in one transaction. A lease missing from the result was lost.
+    """
+    if not failures:
+        return {}
+    vendor = _vendor(using)
+    if vendor not in RETURNING_VENDORS:
+        statuses = {}
+        with transaction.atomic(using=using):
+            for f in failures:
+                try:
+                    statuses[f.lease] = fail(
+                        f.job_id,
+                        f.attempt,
+                        worker_id,
+                        error=f.error,
+                        retry_delay=f.retry_delay,
+                        outcome=f.outcome,
+                        using=using,
+                    )
+                except LeaseLost:
+                    continue
+        return statuses
+    lock_cte, params = "", list[Any]()
+    lock_filter = ""
+    if vendor == "postgresql":
+        lock_cte, params = _lock_mine_cte(using, (f.job_id for f in failures), worker_id)
+        lock_filter = "AND j.id IN (SELECT id FROM mine) "
+    by_lease = {f.lease: f for f in failures}
+    for f in failures:
+        kind, message = f.error.exception_class_path, f.error.message[:MAX_ERROR_LENGTH]
+        last_error = f"{kind}: {message}" if message else kind
+        delay = None if f.retry_delay is None else _offset_param(vendor, f.retry_delay)
+        params += [f.job_id, f.attempt, delay, last_error]
+    params.append(worker_id)
+    now = _now_sql(vendor)
+    if vendor == "postgresql":
+        run_later = "(statement_timestamp() + make_interval(secs => v.column3))"
+    else:
+        run_later = "(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', v.column3) || '000')"
+    retrying = "(NOT j.cancel_requested AND v.column3 IS NOT NULL AND j.attempt < j.max_attempts)"
+    delay_kind = "float" if vendor == "postgresql" else "text"
+    sql = (
+        f"{lock_cte}UPDATE {_job_table(using)} AS j SET "  # noqa: S608 - identifiers quoted, values bound
+        "status = CASE WHEN j.cancel_requested THEN 'cancelled' "
+        f"WHEN {retrying} THEN 'pending' ELSE 'failed' END, "
+        f"run_after = CASE WHEN {retrying} THEN {run_later} ELSE j.run_after END, "
+        f"finished_at = CASE WHEN {retrying} THEN NULL ELSE {now} END, "
+        "locked_by = NULL, locked_until = NULL, cancel_requested = FALSE, last_error = v.column4 "
+        f"FROM (VALUES {_values_sql(vendor, len(failures), 'id', 'int', delay_kind, 'text')}) "
+        "AS v WHERE j.id = v.column1 AND j.attempt = v.column2 "
+        f"AND j.locked_by = %s AND j.status = 'running' {lock_filter}"
+        "RETURNING id, attempt, status, last_attempted_at"
+    )
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+        written = [(int(job), int(attempt), status, began) for job, attempt, status, began in rows]
+        if written:
+            _insert_attempt_values(
+                [(by_lease[(job_id, attempt)], started) for job_id, attempt, _, started in written],
+                worker_id,
+                using,
+            )
+    return {(job_id, attempt): str(status) for job_id, attempt, status, _ in written}
+
+
+def _insert_attempt_values(
+    failures: Sequence[tuple[Failure, Any]], worker_id: str, using: str
+) -> None:
+    """One JobAttempt row per written failure, from the values the worker already has."""
+    q = lambda name: _q(using, name)  # noqa: E731
+    columns = ", ".join(
+        q(c)
+        for c in (
+            "job_id",
+            "attempt",
+            "worker",
+            "outcome",
+            "error_class",
+            "error_message",
+            "traceback",
+            "started_at",
+        )
+    )
+    params: list[Any] = []
+    for failure, started in failures:
+        params += [
+            failure.job_id,
+            failure.attempt,
+            worker_id,
+            failure.outcome,
+            failure.error.exception_class_path,
+            failure.error.message[:MAX_ERROR_LENGTH],
+            failure.error.traceback,
+            started,
+        ]
+    rows = ", ".join(["(" + _placeholders(8) + ")"] * len(failures))
+    sql = f"INSERT INTO {_attempt_table(using)} ({columns}) VALUES {rows}"  # noqa: S608 - identifiers quoted, values bound
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def unclaim(
+    worker_id: str, claimed: Iterable[tuple[int, int]], *, using: str = "default"
+) -> frozenset[tuple[int, int]]:
+    """Give back claimed attempts that never started: ``pending`` again, attempt not used.
+
+    For jobs a worker prefetched and did not hand to a slot before it stopped. The
+    attempt counter goes back by one, which is safe because the attempt never ran:
+    nothing ever acted under that fencing token, and the fence (this worker, this
+    attempt, still running) makes sure the attempt was still ours. No JobAttempt
+    row and no stall are recorded. A job whose cancel was requested ends
+    ``cancelled``. Returns the leases given back. ``last_attempted_at`` and
+    ``last_worker`` keep the values the claim gave them.
+
+    One fenced UPDATE per job, in id order inside one transaction (the order the
+    heartbeat locks rows in); it only runs when a worker stops with prefetched jobs.
+    """
+    wanted = list(dict.fromkeys(claimed))
+    if not wanted:
+        return frozenset()
+    done = set()
+    with transaction.atomic(using=using):
+        for job_id, attempt in sorted(wanted):
+            cancelled = Q(cancel_requested=True)
+            changed = _fenced(job_id, attempt, worker_id, using).update(
+                status=Case(
+                    When(cancelled, then=Value(JobStatus.CANCELLED)),
+                    default=Value(JobStatus.PENDING),
+                ),
+                # A first attempt that never ran leaves the job as if never started.
+                started_at=Case(When(attempt=1, then=Value(None)), default=F("started_at")),
+                finished_at=Case(
+                    When(cancelled, then=Now()), default=Value(None), output_field=DateTimeField()
+                ),
+                locked_by=None,
+                locked_until=None,
+                cancel_requested=False,
+                # Last: MySQL evaluates SET left to right, and started_at reads the old value.
+                attempt=F("attempt") - 1,
+            )
+            if changed == 1:
+                done.add((job_id, attempt))
+    return frozenset(done)
 
 
 def fail(

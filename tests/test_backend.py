@@ -348,7 +348,17 @@ def test_bulk_enqueue_500_in_one_insert() -> None:
 
     inserts = _insert_statements(captured.captured_queries)
     if connection.vendor == "postgresql":
-        assert len(inserts) == 1
+        # One COPY stream (after one query for the ids), and the queue's NOTIFY.
+        sqls = [
+            q["sql"]
+            for q in captured.captured_queries
+            if q["sql"].split()[0] not in ("SAVEPOINT", "RELEASE")  # the atomic block
+        ]
+        assert not inserts
+        assert [s.split()[0] for s in sqls] == ["SELECT", "COPY", "SELECT"]
+        assert sqls[1].endswith("-- 500 rows")
+        assert "nextval" in sqls[0]
+        assert "pg_notify" in sqls[2]
     else:  # e.g. SQLite before Django 6 assumes 999 bound parameters per statement
         assert len(inserts) == _fewest_inserts(500, inserts[0])
     assert Job.objects.count() == 500
