@@ -97,3 +97,16 @@ def watch_lease_lost(context: Any, marker_dir: str, name: str, seconds: float) -
         _append(marker_dir, f"{name}.watch", "accepted")
     _append(marker_dir, f"{name}.watch", f"returning {context.attempt}")
     return f"late result of attempt {context.attempt}"
+
+
+@task(takes_context=True, priority=10)
+def wait_for_gate(context: Any, marker_dir: str, name: str, timeout: float = 60.0) -> str:
+    """Long job: note its start in ``<name>.started``, then run until ``<name>.gate`` exists."""
+    _append(marker_dir, f"{name}.started", f"{context.task_result.id} {os.getpid()}")
+    gate = Path(marker_dir) / f"{name}.gate"
+    deadline = time.monotonic() + timeout
+    while not gate.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{gate} never appeared")
+        time.sleep(0.02)
+    return "gate opened"

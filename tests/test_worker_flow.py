@@ -162,7 +162,8 @@ def test_two_process_pool_workers_run_a_thousand_jobs_exactly_once(
 def test_two_thread_pool_workers_run_every_job_exactly_once(
     workers: Workers, marker_dir: str
 ) -> None:
-    drain_with_two_workers(workers, marker_dir, 200, "thread")
+    # Enough jobs that one worker cannot drain them all before the other's first poll.
+    drain_with_two_workers(workers, marker_dir, 1000, "thread")
 
 
 # --------------------------------------------------------------------------- progress, checkpoint

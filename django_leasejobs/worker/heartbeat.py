@@ -137,7 +137,11 @@ class Watchdog(_WorkerThread):
                     f"no successful renewal for {silent:.1f}s (local deadline {deadline:g}s): "
                     "cut off from the database, or the worker was paused",
                 )
-            elif running.job.timeout is not None and now - running.started > running.job.timeout:
+            elif (
+                running.dispatched
+                and running.job.timeout is not None
+                and now - running.started > running.job.timeout
+            ):
                 worker.stop(lease, "timeout", f"after {now - running.started:.1f}s")
         worker.pool.escalate()
 

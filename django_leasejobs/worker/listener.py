@@ -44,12 +44,12 @@ class Listener(_WorkerThread):
                 ) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     failures = 0
-                    self.worker.wake()  # jobs may have arrived while we were not listening
+                    self.worker.notify_jobs()  # jobs may have come while we were not listening
                     while not self.stop_event.is_set():
                         for notify in conn.notifies(timeout=0.5):
                             queues = self.worker.queues
                             if queues is None or notify.payload in queues:
-                                self.worker.wake()
+                                self.worker.notify_jobs()
             except psycopg.Error as exc:
                 failures += 1
                 logger.warning(

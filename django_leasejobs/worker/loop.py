@@ -2,9 +2,10 @@
 
 Threads of one worker process:
 
-* main loop (this module): claims up to the free slots in one statement, dispatches,
-  records outcomes (fenced), sleeps until a slot reports, a NOTIFY arrives, or the
-  poll interval passes;
+* main loop (this module): claims up to the free slots (plus a small prefetch while
+  jobs are short) in one statement, dispatches, records the outcomes that arrived
+  meanwhile in batches (one fenced UPDATE for all successes, one for all failures),
+  sleeps until a slot reports, a NOTIFY arrives, or the poll interval passes;
 * heartbeat (``heartbeat.py``): renews every lease of this worker in one UPDATE;
 * watchdog (``heartbeat.py``): never touches the database; stops jobs whose lease is
   lost by the local deadline, whose timeout passed, and escalates SIGTERM to SIGKILL;
@@ -18,12 +19,14 @@ import contextlib
 import logging
 import os
 import random
+import selectors
 import signal
 import socket
 import threading
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
 from types import FrameType
 from typing import Any, Literal
 
@@ -31,12 +34,12 @@ from django.db import DatabaseError, connections
 from django.db.models.functions import Now
 from django.utils.crypto import get_random_string
 
-from .. import leases, registry
-from ..backend import LeaseJobsBackend
-from ..compat import Task, task_backends, task_finished, task_started
+from .. import registry
+from ..backend import STATUS_TO_RESULT, LeaseJobsBackend
+from ..compat import Task, TaskResult, task_backends, task_finished, task_started
 from ..exceptions import UnknownTask
-from ..leases import ClaimedJob, ErrorInfo, LeaseLost, Progress
-from ..models import AttemptOutcome, Job, JobStatus, WorkerState
+from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress
+from ..models import AttemptOutcome, JobStatus, WorkerState
 from ..models import Worker as WorkerRow
 from ..retry import Backoff
 from ..signals import job_failed, job_started, job_succeeded, lease_lost
@@ -44,11 +47,25 @@ from .execution import JobSpec, Outcome
 from .heartbeat import Heartbeat, Reaper, Watchdog
 from .listener import Listener
 from .pools import Event, ProcessPool, ProgressEvent, ThreadPool
+from .rounds import RoundContext, RoundPlan, RoundResult, run_round
 
 logger = logging.getLogger("django_leasejobs")
 
 Lease = tuple[int, int]
 StopReason = Literal["lease_lost", "timeout", "cancelled", "shutdown"]
+
+PREFETCH_WORK_SECONDS = 0.02
+"""A worker prefetches about this much work per slot, judged by the recent jobs' mean run
+time: enough to keep slots busy through a claim round trip, never enough to make a job
+wait long behind others (jobs of 20 ms or longer are not prefetched at all)."""
+
+MAX_ROUND_WRITES = 500
+"""Outcomes one round writes at most (the rest wait for the next round): keeps every
+statement well inside the databases' bound-parameter limits."""
+
+PREFETCH_MAX_WAIT = 1.0
+"""A prefetched job that waited this long for a slot (a long job came among short
+ones) is given back for other workers, and prefetching pauses until a slot frees."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +79,9 @@ class WorkerConfig:
     max_jobs: int | None = None
     worker_id: str | None = None
     shutdown_timeout: float = 30.0
+    prefetch: int | None = None
+    """At most this many jobs claimed beyond the free slots while jobs are short;
+    None = 16 per slot, at most 256; 0 turns prefetching off."""
 
 
 def default_worker_id() -> str:
@@ -74,6 +94,8 @@ class RunningJob:
     task: Task | None
     started: float
     last_renewed: float
+    dispatched: bool = False
+    """Handed to a slot. A prefetched job waits in ``Worker.ready`` until then."""
     progress: Progress | None = None
     stop_reason: StopReason | None = None
     stop_detail: str = ""
@@ -105,7 +127,25 @@ class Worker:
         self.force = False
         self.shutdown_deadline: float | None = None
         self.finished_jobs = 0
-        self._retry_writes: list[tuple[RunningJob, Any]] = []
+        if config.prefetch is None:
+            self.prefetch = min(16 * config.concurrency, 256)
+        else:
+            self.prefetch = config.prefetch
+        self.ready: deque[RunningJob] = deque()
+        """Claimed (prefetched) jobs waiting for a free slot, oldest first."""
+        self._mean_duration: float | None = None
+        self._prefetch_paused = False
+        self._writes: list[tuple[RunningJob, Any]] = []
+        """Outcomes to record, written in batches by the next database round."""
+        self._round: tuple[RoundPlan, Future[RoundResult]] | None = None
+        self._db: ThreadPoolExecutor
+        self._db_failures = 0
+        self._retry_at = 0.0
+        self._next_poll = 0.0
+        self._claim_wanted = True
+        self._last_claimed: int | None = None
+        self._selector: selectors.BaseSelector | None = None
+        self._selected: list[Any] = []
         self._thread_stops: list[Lease] = []
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -312,76 +352,248 @@ class Worker:
     # ------------------------------------------------------------------ main loop
 
     def _main_loop(self) -> None:
-        db_failures = 0
-        while True:
-            self._handle_events(self.pool.collect())
-            self._handle_thread_stops()
-            try:
-                self._retry_pending_writes()
-                claimed = self._claim_if_possible()
-                db_failures = 0
-            except DatabaseError as exc:
-                db_failures += 1
-                claimed = 0
-                self._database_trouble(exc, db_failures)
-            with self.lock:
-                busy = len(self.running)
-            if self.stopping:
-                if self.force or (
-                    self.shutdown_deadline is not None
-                    and time.monotonic() >= self.shutdown_deadline
-                ):
-                    self._stop_all("shutdown")
-                if busy == 0 and not self._retry_writes:
-                    return
-            elif self._done_by_limits(claimed, busy):
-                self.stopping = True
-                self.shutdown_deadline = time.monotonic() + self.config.shutdown_timeout
-                continue
-            if claimed and self.pool.free_slots() > 0 and not self.stopping:
-                continue  # a full batch: there may be more ready jobs right now
-            timeout = self.options.poll_interval
-            if db_failures:
-                timeout = min(5.0, 0.2 * 2**db_failures) * random.uniform(0.8, 1.2)  # noqa: S311
-            elif self._retry_writes or self.stopping:
-                timeout = min(timeout, 0.2)
-            wait([*self.pool.waitables(), self._wake_r], timeout)
-            self._drain_wake()
+        """Feed slots, collect outcomes, and keep one database round going at a time.
 
-    def _done_by_limits(self, claimed: int, busy: int) -> bool:
+        The loop itself never waits on the database: rounds (write the queued outcomes,
+        then claim) run in the worker's database thread, and the loop keeps handing
+        prefetched jobs to slots meanwhile. What arrives during a round is written by
+        the next one, so outcomes are written in batches a few milliseconds apart.
+        """
+        self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leasejobs-db")
+        try:
+            while True:
+                self._handle_events(self.pool.collect())
+                self._handle_thread_stops()
+                if self.stopping:
+                    self._give_back_ready()
+                self._dispatch_ready()
+                self._give_back_stale_ready()
+                if self._round is not None and self._round[1].done():
+                    self._finish_round()
+                if self._round is None:
+                    self._start_round()
+                    if self._round is not None:
+                        continue  # (it may already be done: look again before waiting)
+                with self.lock:
+                    busy = len(self.running)
+                idle = self._round is None and not self._writes
+                if self.stopping:
+                    if self.force or (
+                        self.shutdown_deadline is not None
+                        and time.monotonic() >= self.shutdown_deadline
+                    ):
+                        self._stop_all("shutdown")
+                        if self._db_failures and self._round is None:
+                            self._abandon_writes()
+                    if busy == 0 and idle:
+                        return
+                elif self._done_by_limits(busy, idle):
+                    self.stopping = True
+                    self.shutdown_deadline = time.monotonic() + self.config.shutdown_timeout
+                    continue
+                self._sleep(self._wait_timeout())
+        finally:
+            if self._round is not None:
+                with contextlib.suppress(Exception):
+                    self._round[1].result(timeout=self.options.lease_duration)
+            self._db.submit(connections.close_all)
+            self._db.shutdown(wait=True)
+            if self._selector is not None:
+                self._selector.close()
+
+    def _sleep(self, timeout: float) -> None:
+        """Wait until a slot reports, something wakes the loop, or ``timeout`` passes.
+
+        One selector is kept across passes (rebuilt when the pool replaces a slot):
+        building one per pass costs more than the rest of a short job's bookkeeping.
+        """
+        waitables = self.pool.waitables()
+        if self._selector is None or self._selected != waitables:
+            if self._selector is not None:
+                self._selector.close()
+            self._selector = selectors.DefaultSelector()
+            for item in [*waitables, self._wake_r]:
+                self._selector.register(item, selectors.EVENT_READ)
+            self._selected = waitables
+        self._selector.select(timeout)
+        self._drain_wake()
+
+    def _abandon_writes(self) -> None:
+        """Shutdown time is up and the database keeps failing: leave without writing.
+
+        The unwritten attempts keep their leases until those expire; the reaper then
+        re-runs them (at-least-once), so nothing is lost, only done again.
+        """
+        for running, _ in self._writes:
+            job = running.job
+            logger.error(
+                "could not record job %s attempt %s before shutdown (database errors); "
+                "it runs again after its lease expires",
+                job.id,
+                job.attempt,
+                extra=self._log_extra(job),
+            )
+            self._forget(running)
+        self._writes = []
+
+    def _wait_timeout(self) -> float:
+        """How long the loop may sleep: until the next poll, backoff end or stop check."""
+        if self._round is not None:
+            return self.options.poll_interval  # the database thread wakes us when done
+        now = time.monotonic()
+        if self._db_failures:
+            return max(0.0, self._retry_at - now)
+        timeout = max(0.0, self._next_poll - now)
+        if self.stopping:
+            timeout = min(timeout, 0.2)
+        if self.ready and self.ready[0].stop_reason is None:
+            timeout = min(timeout, max(0.0, self.ready[0].started + PREFETCH_MAX_WAIT - now))
+        return timeout
+
+    def _done_by_limits(self, busy: int, idle: bool) -> bool:
         if self.config.max_jobs is not None and self.finished_jobs >= self.config.max_jobs:
             return True
-        return self.config.burst and claimed == 0 and busy == 0
+        return self.config.burst and self._last_claimed == 0 and busy == 0 and idle
 
-    def _database_trouble(self, exc: Exception, failures: int) -> None:
-        logger.warning(
-            "database error in the main loop (attempt %d), reconnecting: %s",
-            failures,
-            exc,
-            extra={"worker": self.worker_id, "error": str(exc)},
-        )
-        with contextlib.suppress(DatabaseError):
-            connections[self.database].close()
+    def notify_jobs(self) -> None:
+        """New jobs may be ready (a NOTIFY arrived): claim on the next pass (any thread)."""
+        self._claim_wanted = True
+        self.wake()
 
-    def _claim_if_possible(self) -> int:
+    def _prefetch_now(self) -> int:
+        """How many jobs to hold beyond the free slots: about ``PREFETCH_WORK_SECONDS`` of
+        work per slot at the recent jobs' mean run time, at most ``self.prefetch``."""
+        mean = self._mean_duration
+        if mean is None or not self.prefetch or self._prefetch_paused:
+            return 0
+        per_slot = int(PREFETCH_WORK_SECONDS / max(mean, 1e-4))
+        return min(self.prefetch, per_slot * self.config.concurrency)
+
+    def _claim_limit(self) -> int:
         if self.stopping:
             return 0
-        limit = self.pool.free_slots()
+        limit = self.pool.free_slots() + self._prefetch_now() - len(self.ready)
         if self.config.max_jobs is not None:
             with self.lock:
                 busy = len(self.running)
             limit = min(limit, self.config.max_jobs - self.finished_jobs - busy)
-        if limit <= 0:
-            return 0
-        claimed = leases.claim(
-            self.worker_id,
-            limit=limit,
-            lease_duration=self.options.lease_duration,
+        return max(limit, 0)
+
+    # ------------------------------------------------------------------ database rounds
+
+    def _start_round(self) -> None:
+        """Hand the queued outcomes and a claim to the database thread, if there is work."""
+        now = time.monotonic()
+        if self._db_failures and now < self._retry_at:
+            return
+        limit = self._claim_limit()
+        claim_due = self._claim_wanted or now >= self._next_poll
+        if not self._writes and not (limit and claim_due):
+            return
+        plan = self._plan(limit if claim_due else 0)
+        if not plan.writes and not plan.claim_limit:
+            return
+        if plan.claim_limit:
+            self._claim_wanted = False
+        ctx = RoundContext(
+            worker_id=self.worker_id,
+            database=self.database,
             backend=self.backend.alias,
             queues=self.queues,
-            using=self.database,
+            lease_duration=self.options.lease_duration,
         )
+        future = self._db.submit(run_round, plan, ctx)
+        future.add_done_callback(lambda _: self.wake())  # runs once done() is true
+        self._round = (plan, future)
+
+    def _plan(self, claim_limit: int) -> RoundPlan:
+        """Sort the queued outcomes into a round; drop those whose lease is presumed lost."""
+        writes = self._writes[:MAX_ROUND_WRITES]
+        del self._writes[:MAX_ROUND_WRITES]
+        plan = RoundPlan(claim_limit=claim_limit)
         now = time.monotonic()
+        for running, what in writes:
+            if now - running.last_renewed > self.options.local_lease_deadline:
+                job = running.job
+                logger.error(
+                    "giving up recording job %s attempt %s: its lease is presumed lost",
+                    job.id,
+                    job.attempt,
+                    extra=self._log_extra(job),
+                )
+                self._forget(running)
+                continue
+            kind = _kind_of_write(what)
+            if kind == "success":
+                plan.successes.append((running, what))
+            elif kind == "failure":
+                failure, duration = self._failure(running, what)
+                plan.failures.append((running, what, failure, duration))
+            elif kind == "unclaim":
+                plan.unclaims.append((running, what))
+            else:
+                plan.singles.append((running, what))
+        return plan
+
+    def _finish_round(self) -> None:
+        """Act on what the database said: log, signal, forget; queue again what was not
+        written; hand claimed jobs to slots."""
+        assert self._round is not None  # noqa: S101 - only called with a round
+        plan, future = self._round
+        self._round = None
+        result: RoundResult = future.result()
+        requeue: list[tuple[RunningJob, Any]] = []
+        if result.completed is None:
+            requeue += plan.successes
+        else:
+            for running, outcome in plan.successes:
+                self._after_success(running, outcome, running.job.lease in result.completed)
+        if result.failed is None:
+            requeue += [(running, what) for running, what, _, _ in plan.failures]
+        else:
+            for running, _, failure, duration in plan.failures:
+                status = result.failed.get(running.job.lease)
+                if status is None:
+                    self._lost_on_write(running, "fail")
+                else:
+                    self._after_failure(
+                        running, status, failure.error, duration, failure.retry_delay
+                    )
+                    self._forget(running)
+        for index, (running, what) in enumerate(plan.singles):
+            if index >= len(result.singles_done):
+                requeue.append((running, what))
+            elif result.singles_done[index]:
+                self._after_single(running, what[0])
+            else:
+                self._lost_on_write(running, "release" if what[0] == "shutdown" else "cancel")
+        if result.unclaimed is None:
+            requeue += plan.unclaims
+        else:
+            self._after_unclaim(plan.unclaims, result.unclaimed)
+        self._writes[:0] = requeue
+        if result.claimed is not None:
+            self._take_claimed(result.claimed, plan.claim_limit)
+        if result.error is not None:
+            self._db_failures += 1
+            delay = min(5.0, 0.2 * 2**self._db_failures) * random.uniform(0.8, 1.2)  # noqa: S311
+            self._retry_at = time.monotonic() + delay
+            logger.warning(
+                "database error in the worker (attempt %d), reconnecting: %s",
+                self._db_failures,
+                result.error,
+                extra={"worker": self.worker_id, "error": str(result.error)},
+            )
+        else:
+            self._db_failures = 0
+
+    def _take_claimed(self, claimed: list[ClaimedJob], limit: int) -> None:
+        now = time.monotonic()
+        self._last_claimed = len(claimed)
+        if len(claimed) >= limit:
+            self._claim_wanted = True  # a full batch: there may be more ready jobs now
+        elif not claimed:
+            self._next_poll = now + self.options.poll_interval
         for job in claimed:
             try:
                 task: Task | None = registry.resolve(job.task_path)
@@ -390,16 +602,54 @@ class Worker:
             running = RunningJob(job=job, task=task, started=now, last_renewed=now)
             with self.lock:
                 self.running[job.lease] = running
+            self.ready.append(running)
+        self._dispatch_ready()
+
+    def _dispatch_ready(self) -> None:
+        """Hand waiting jobs to free slots; route jobs stopped while they waited."""
+        while self.ready and (self.ready[0].stop_reason is not None or self.pool.free_slots()):
+            running = self.ready.popleft()
+            with self.lock:
+                stopped = running.stop_reason is not None
+                if not stopped:
+                    running.dispatched = True
+                    running.started = time.monotonic()
+            if stopped:
+                self._job_stopped(running, "was stopped before it started")
+                continue
             self._announce_start(running)
             self.pool.submit(
                 JobSpec(
-                    job=job,
+                    job=running.job,
                     worker_id=self.worker_id,
                     backend=self.backend.alias,
                     database=self.database,
                 )
             )
-        return len(claimed)
+
+    def _give_back_stale_ready(self) -> None:
+        """Prefetched jobs stuck behind long jobs go back to pending for other workers."""
+        if not self.ready or self.ready[0].stop_reason is not None:
+            return
+        now = time.monotonic()
+        if now - self.ready[0].started < PREFETCH_MAX_WAIT:
+            return
+        self._prefetch_paused = True  # until a slot frees: else we would claim them again
+        logger.info(
+            "giving back %d prefetched jobs that waited %.1fs for a slot",
+            len(self.ready),
+            now - self.ready[0].started,
+            extra={"worker": self.worker_id, "count": len(self.ready)},
+        )
+        self._give_back_ready()
+        self._dispatch_ready()
+
+    def _give_back_ready(self) -> None:
+        """Stopping: prefetched jobs that never started go back to pending at once."""
+        with self.lock:
+            for running in self.ready:
+                if running.stop_reason is None:
+                    running.stop_reason = "shutdown"
 
     # ------------------------------------------------------------------ stopping jobs
 
@@ -411,6 +661,7 @@ class Worker:
                 return
             running.stop_reason = reason
             running.stop_detail = detail
+            dispatched = running.dispatched
         job = running.job
         if reason == "lease_lost":
             logger.error(
@@ -430,11 +681,12 @@ class Worker:
                 detail,
                 extra=self._log_extra(job, reason=reason),
             )
-        graceful = reason != "shutdown"
-        stopped = self.pool.stop_job(lease, graceful=graceful)
-        if stopped and not self.pool.can_kill:
-            with self.lock:
-                self._thread_stops.append(lease)
+        if dispatched:  # else it waits in ``ready``: the main loop routes it, never starts it
+            graceful = reason != "shutdown"
+            stopped = self.pool.stop_job(lease, graceful=graceful)
+            if stopped and not self.pool.can_kill:
+                with self.lock:
+                    self._thread_stops.append(lease)
         self.wake()
 
     def _stop_all(self, reason: StopReason) -> None:
@@ -465,7 +717,10 @@ class Worker:
                 running = self.running.get(event.lease)
             if running is None:
                 continue
+            self._claim_wanted = True  # a slot is free again
+            self._prefetch_paused = False
             if isinstance(event, Outcome):
+                self._note_duration(event.duration)
                 # A real outcome wins even when a stop raced it: the job did finish. (A
                 # lost lease is still safe: the fence rejects the write.)
                 self._record(running, event)
@@ -474,10 +729,17 @@ class Worker:
             else:
                 self._record(running, ("killed", event.exit_description))
 
+    def _note_duration(self, seconds: float) -> None:
+        mean = self._mean_duration
+        self._mean_duration = seconds if mean is None else 0.8 * mean + 0.2 * seconds
+
     def _job_stopped(self, running: RunningJob, description: str) -> None:
         reason = running.stop_reason
         if reason == "lease_lost":
-            self._forget(running)  # the lease belongs to someone else: nothing to write
+            # The lease belongs to someone else: nothing to write.
+            self._forget(running, ran=running.dispatched)
+        elif not running.dispatched:
+            self._record(running, ("unclaim", description))
         elif reason == "timeout":
             self._record(running, ("timeout", description))
         elif reason == "cancelled":
@@ -485,57 +747,96 @@ class Worker:
         else:
             self._record(running, ("shutdown", description))
 
-    def _forget(self, running: RunningJob) -> None:
+    def _forget(self, running: RunningJob, *, ran: bool = True) -> None:
         with self.lock:
             self.running.pop(running.job.lease, None)
-        self.finished_jobs += 1
-
-    def _retry_pending_writes(self) -> None:
-        pending, self._retry_writes = self._retry_writes, []
-        for index, (running, what) in enumerate(pending):
-            try:
-                self._write(running, what)
-            except DatabaseError:
-                self._retry_writes.extend(pending[index:])
-                raise
+        if ran:
+            self.finished_jobs += 1
 
     def _record(self, running: RunningJob, what: Any) -> None:
-        try:
-            self._write(running, what)
-        except DatabaseError as exc:
-            self._retry_writes.append((running, what))
-            self._database_trouble(exc, 1)
-
-    def _write(self, running: RunningJob, what: Any) -> None:
-        """Write how an attempt ended, fenced; forget the job once written (or void)."""
-        job = running.job
+        """Queue how an attempt ended; the next database round writes it (fenced)."""
         with self.lock:
             running.recording = True
-        lease_age = time.monotonic() - running.last_renewed
-        if lease_age > self.options.local_lease_deadline:
-            logger.error(
-                "giving up recording job %s attempt %s: its lease is presumed lost",
-                job.id,
-                job.attempt,
-                extra=self._log_extra(job),
+        self._writes.append((running, what))
+
+    # ------------------------------------------------------------------ after a round
+
+    def _failure(self, running: RunningJob, what: Any) -> tuple[Failure, float]:
+        """The Failure to write for an outcome that is not a success, and its duration."""
+        job = running.job
+        if isinstance(what, Outcome):
+            error = what.error or ErrorInfo("django_leasejobs.exceptions.JobFailure")
+            delay = self._retry_delay(running) if what.retryable else None
+            return Failure(job.id, job.attempt, error, delay, AttemptOutcome.ERROR), what.duration
+        kind, description = what
+        if kind == "timeout":
+            error = ErrorInfo(
+                "django_leasejobs.exceptions.JobTimeout",
+                f"attempt ran past its timeout of {job.timeout:g}s and {description}",
             )
-            self._forget(running)
+            outcome = AttemptOutcome.TIMEOUT
+        else:
+            error = ErrorInfo(
+                "django_leasejobs.exceptions.JobKilled", f"the job's process {description}"
+            )
+            outcome = AttemptOutcome.KILLED
+        failure = Failure(job.id, job.attempt, error, self._retry_delay(running), outcome)
+        return failure, time.monotonic() - running.started
+
+    def _after_success(self, running: RunningJob, outcome: Outcome, written: bool) -> None:
+        job = running.job
+        if not written:
+            self._lost_on_write(running, "complete")
             return
-        try:
-            if isinstance(what, Outcome):
-                self._write_outcome(running, what)
-            else:
-                kind, description = what
-                self._write_stop(running, kind, description)
-        except LeaseLost as exc:
-            logger.error(
-                "lease lost for job %s attempt %s: %s",
+        logger.info(
+            "job %s attempt %s succeeded in %.3fs",
+            job.id,
+            job.attempt,
+            outcome.duration,
+            extra=self._log_extra(job, duration=round(outcome.duration, 6)),
+        )
+        self._send(job_succeeded, job, task_path=job.task_path, duration=outcome.duration)
+        self._announce_finish(running, JobStatus.SUCCEEDED, outcome.result)
+        self._forget(running)
+
+    def _after_single(self, running: RunningJob, kind: str) -> None:
+        job = running.job
+        duration = time.monotonic() - running.started
+        if kind == "shutdown":
+            logger.warning(
+                "released job %s attempt %s back to pending at shutdown",
                 job.id,
                 job.attempt,
-                exc,
-                extra=self._log_extra(job, transition=exc.transition),
+                extra=self._log_extra(job, duration=round(duration, 6)),
             )
-            self._send(lease_lost, job, reason=str(exc))
+        else:
+            error = ErrorInfo("django_leasejobs.exceptions.JobCancelled", "cancelled while running")
+            self._after_failure(running, JobStatus.CANCELLED, error, duration, None)
+        self._forget(running)
+
+    def _after_unclaim(
+        self, batch: list[tuple[RunningJob, Any]], given_back: frozenset[Lease]
+    ) -> None:
+        if given_back:
+            logger.info(
+                "gave back %d prefetched jobs that never started",
+                len(given_back),
+                extra={"worker": self.worker_id, "count": len(given_back)},
+            )
+        for running, _ in batch:
+            self._forget(running, ran=False)
+
+    def _lost_on_write(self, running: RunningJob, transition: str) -> None:
+        job = running.job
+        exc = LeaseLost(job.id, job.attempt, self.worker_id, transition)
+        logger.error(
+            "lease lost for job %s attempt %s: %s",
+            job.id,
+            job.attempt,
+            exc,
+            extra=self._log_extra(job, transition=transition),
+        )
+        self._send(lease_lost, job, reason=str(exc))
         self._forget(running)
 
     def _retry_delay(self, running: RunningJob) -> float:
@@ -545,81 +846,6 @@ class Worker:
         elif running.task is not None:
             policy = getattr(running.task, "retry_backoff", None)
         return (policy or self.options.retry_backoff).delay(running.job.attempt)
-
-    def _write_outcome(self, running: RunningJob, outcome: Outcome) -> None:
-        job = running.job
-        if outcome.ok:
-            leases.complete(
-                job.id, job.attempt, self.worker_id, result=outcome.result, using=self.database
-            )
-            logger.info(
-                "job %s attempt %s succeeded in %.3fs",
-                job.id,
-                job.attempt,
-                outcome.duration,
-                extra=self._log_extra(job, duration=round(outcome.duration, 6)),
-            )
-            self._send(job_succeeded, job, task_path=job.task_path, duration=outcome.duration)
-            self._announce_finish(running, JobStatus.SUCCEEDED, outcome.result)
-            return
-        error = outcome.error or ErrorInfo("django_leasejobs.exceptions.JobFailure")
-        delay = self._retry_delay(running) if outcome.retryable else None
-        status = leases.fail(
-            job.id,
-            job.attempt,
-            self.worker_id,
-            error=error,
-            retry_delay=delay,
-            outcome=AttemptOutcome.ERROR,
-            using=self.database,
-        )
-        self._after_failure(running, status, error, outcome.duration, delay)
-
-    def _write_stop(self, running: RunningJob, kind: str, description: str) -> None:
-        job = running.job
-        duration = time.monotonic() - running.started
-        if kind == "shutdown":
-            leases.release(job.id, job.attempt, self.worker_id, using=self.database)
-            logger.warning(
-                "released job %s attempt %s back to pending at shutdown",
-                job.id,
-                job.attempt,
-                extra=self._log_extra(job, duration=round(duration, 6)),
-            )
-            return
-        if kind == "cancelled":
-            leases.mark_cancelled(job.id, job.attempt, self.worker_id, using=self.database)
-            self._after_failure(
-                running,
-                JobStatus.CANCELLED,
-                ErrorInfo("django_leasejobs.exceptions.JobCancelled", "cancelled while running"),
-                duration,
-                None,
-            )
-            return
-        if kind == "timeout":
-            error = ErrorInfo(
-                "django_leasejobs.exceptions.JobTimeout",
-                f"attempt ran past its timeout of {job.timeout:g}s and {description}",
-            )
-            outcome = AttemptOutcome.TIMEOUT
-        else:
-            error = ErrorInfo(
-                "django_leasejobs.exceptions.JobKilled",
-                f"the job's process {description}",
-            )
-            outcome = AttemptOutcome.KILLED
-        delay = self._retry_delay(running)
-        status = leases.fail(
-            job.id,
-            job.attempt,
-            self.worker_id,
-            error=error,
-            retry_delay=delay,
-            outcome=outcome,
-            using=self.database,
-        )
-        self._after_failure(running, status, error, duration, delay)
 
     def _after_failure(
         self,
@@ -650,22 +876,26 @@ class Worker:
 
     # ------------------------------------------------------------------ django.tasks signals
 
-    def _task_result(self, running: RunningJob, status: str, result: Any) -> Any:
+    def _task_result(self, running: RunningJob, status: str, result: Any) -> TaskResult:
+        """The in-memory django.tasks view of this attempt, for the signals' receivers."""
         job = running.job
-        row = Job(
-            pk=job.id,
+        task_result: TaskResult = TaskResult(
+            task=running.task,  # type: ignore[arg-type] # only called when the task resolved
+            id=str(job.id),
+            status=STATUS_TO_RESULT[JobStatus(status)],
+            enqueued_at=None,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=list(job.args),
+            kwargs=dict(job.kwargs),
             backend=self.backend.alias,
-            queue=job.queue,
-            task_path=job.task_path,
-            args=job.args,
-            kwargs=job.kwargs,
-            priority=job.priority,
-            status=status,
-            attempt=job.attempt,
-            last_worker=self.worker_id,
-            result=result,
+            errors=[],
+            worker_ids=[self.worker_id],
         )
-        return self.backend.result_from_job(row, task=running.task, attempts=[])
+        if status == JobStatus.SUCCEEDED:
+            object.__setattr__(task_result, "_return_value", result)
+        return task_result
 
     def _announce_start(self, running: RunningJob) -> None:
         job = running.job
@@ -687,3 +917,15 @@ class Worker:
             task_finished.send_robust(
                 type(self.backend), task_result=self._task_result(running, status, result)
             )
+
+
+def _kind_of_write(what: Any) -> str:
+    """Which part of a :class:`RoundPlan` an outcome goes to."""
+    if isinstance(what, Outcome):
+        return "success" if what.ok else "failure"
+    kind = what[0]
+    if kind in ("killed", "timeout"):
+        return "failure"
+    if kind == "unclaim":
+        return "unclaim"
+    return "single"  # "shutdown" (release) and "cancelled"

@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import autoreload
 
 from ...worker import Worker, WorkerConfig
-from ..argtypes import non_negative_seconds, positive_int
+from ..argtypes import non_negative_int, non_negative_seconds, positive_int
 from ..backends import get_leasejobs_backend
 
 
@@ -51,6 +51,14 @@ class Command(BaseCommand):
             default="process",
             help="process (default): each job in a killable child process; thread: for "
             "I/O-bound jobs, weaker isolation (a lost lease only flags the job).",
+        )
+        parser.add_argument(
+            "--prefetch",
+            type=non_negative_int,
+            default=None,
+            help="At most this many jobs claimed ahead of free slots while jobs are short "
+            "(about 20 ms of work per slot; jobs of 20 ms or more are never prefetched). "
+            "Default: 16 per slot, at most 256; 0 turns prefetching off.",
         )
         parser.add_argument(
             "--burst", action="store_true", help="Exit once no job is ready and none runs."
@@ -96,6 +104,7 @@ class Command(BaseCommand):
             max_jobs=options["max_jobs"],
             worker_id=options["worker_id"],
             shutdown_timeout=options["shutdown_timeout"],
+            prefetch=options["prefetch"],
         )
         if options["reload"]:
 
