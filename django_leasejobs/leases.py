@@ -20,6 +20,7 @@ This module knows nothing of processes, threads or signals.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -72,7 +73,22 @@ class ClaimedJob:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Sent to a slot's process for every job: a plain tuple pickles several times
         # faster than a slotted dataclass's default state.
-        return (ClaimedJob, tuple(getattr(self, name) for name in self.__slots__))
+        return (
+            ClaimedJob,
+            (
+                self.id,
+                self.attempt,
+                self.task_path,
+                self.queue,
+                self.priority,
+                self.args,
+                self.kwargs,
+                self.timeout,
+                self.max_attempts,
+                self.checkpoint,
+                self.retry_backoff,
+            ),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +276,8 @@ _INSERT_COLUMNS = (
     "run_after",
 )
 _COPY_COLUMNS = ("id", *_INSERT_COLUMNS)
+_VARIABLE_COLUMNS = _INSERT_COLUMNS.index("status")
+"""The producer's columns come first; from ``status`` on, a new job's values are fixed."""
 
 
 def _job_values(job: NewJob) -> list[Any]:
@@ -308,19 +326,25 @@ def insert_job(job: NewJob, *, notify: str, using: str = "default") -> tuple[int
     Returns the new id and its ``enqueued_at``. The notification is delivered when the
     surrounding transaction commits (at once in autocommit), like any NOTIFY.
     """
-    values = _job_values(job)
+    params = [*_job_values(job)[:_VARIABLE_COLUMNS], job.run_after, notify, job.queue]
+    with connections[using].cursor() as cursor:
+        cursor.execute(_insert_notify_sql(using), params)
+        job_id, enqueued_at, _ = cursor.fetchone()
+    return int(job_id), enqueued_at
+
+
+@functools.cache
+def _insert_notify_sql(using: str) -> str:
+    """The statement of :func:`insert_job`, built once per database alias (hot path)."""
     columns = ", ".join(_q(using, c) for c in _INSERT_COLUMNS)
-    sql = (
+    constants = "'pending', 0, 0, '', FALSE, '', ''"  # status ... last_error, as in _job_values
+    now = _now_sql("postgresql")
+    return (
         f"WITH inserted AS (INSERT INTO {_job_table(using)} ({columns}) "  # noqa: S608 - identifiers quoted, values bound
-        f"VALUES ({_placeholders(len(values) - 2)}, {_now_sql('postgresql')}, "
-        f"COALESCE(%s, {_now_sql('postgresql')})) "
+        f"VALUES ({_placeholders(_VARIABLE_COLUMNS)}, {constants}, {now}, COALESCE(%s, {now})) "
         f"RETURNING {_q(using, 'id')}, {_q(using, 'enqueued_at')}) "
         "SELECT id, enqueued_at, pg_notify(%s, %s) FROM inserted"
     )
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, [*values[:-2], job.run_after, notify, job.queue])
-        job_id, enqueued_at, _ = cursor.fetchone()
-    return int(job_id), enqueued_at
 
 
 def copy_jobs(jobs: Sequence[NewJob], *, using: str = "default") -> tuple[list[int], datetime]:

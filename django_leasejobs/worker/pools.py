@@ -13,6 +13,7 @@ import logging
 import multiprocessing
 import os
 import queue
+import select
 import signal
 import threading
 import time
@@ -23,7 +24,7 @@ from typing import Any, Literal
 
 from django.db import connections
 
-from .child import MSG_OUTCOME, MSG_PROGRESS, MSG_READY, child_main
+from .child import MSG_OUTCOME, MSG_PROGRESS, child_main
 from .execution import JobSpec, Outcome, execute
 
 logger = logging.getLogger("django_leasejobs")
@@ -71,6 +72,8 @@ class _ProcessSlot:
     term_sent_at: float | None = None
     killed: bool = False
     events: list[Event] = field(default_factory=list)
+    conn_fd: int = -1
+    sentinel: int = -1
 
     @property
     def pid(self) -> int:
@@ -88,6 +91,9 @@ class ProcessPool:
         self._ctx = multiprocessing.get_context("fork")
         self._slots: list[_ProcessSlot] = []
         self._lock = threading.Lock()
+        # Which slots have something to say, in one system call per collect(): a
+        # selector built per slot and per pass would cost more than a short job.
+        self._poller = select.poll()
         self._owed_kills: list[tuple[int, float]] = []  # (process group, when) after SIGTERM
 
     # -- lifecycle -----------------------------------------------------------------
@@ -127,6 +133,10 @@ class ProcessPool:
             with contextlib.suppress(OSError):
                 os.setpgid(process.pid, process.pid)
         slot = _ProcessSlot(index=index, process=process, conn=parent_conn, lifeline_w=lifeline_w)
+        slot.conn_fd = parent_conn.fileno()
+        slot.sentinel = process.sentinel
+        self._poller.register(slot.conn_fd, select.POLLIN)
+        self._poller.register(slot.sentinel, select.POLLIN)
         try:
             if parent_conn.poll(30):
                 parent_conn.recv()  # MSG_READY
@@ -139,6 +149,9 @@ class ProcessPool:
         self._slots[slot.index] = self._spawn(slot.index)
 
     def _close_slot(self, slot: _ProcessSlot) -> None:
+        for fd in (slot.conn_fd, slot.sentinel):
+            with contextlib.suppress(KeyError, ValueError):
+                self._poller.unregister(fd)
         if slot.lifeline_w >= 0:
             with contextlib.suppress(OSError):
                 os.close(slot.lifeline_w)
@@ -187,41 +200,44 @@ class ProcessPool:
     def collect(self) -> list[Event]:
         """Read everything the slots reported; replace dead children."""
         events: list[Event] = []
+        ready = {fd for fd, _ in self._poller.poll(0)}
         for slot in list(self._slots):
             events.extend(slot.events)
             slot.events.clear()
-            while True:
-                try:
-                    if not slot.conn.poll():
-                        break
-                    message = slot.conn.recv()
-                except (EOFError, OSError):
-                    break
-                if message[0] == MSG_OUTCOME:
-                    outcome: Outcome = message[1]
-                    if outcome.lease == slot.lease:
-                        slot.lease = None
-                        events.append(outcome)
-                elif message[0] == MSG_PROGRESS:
-                    _, lease, fraction, text = message
-                    events.append(ProgressEvent(lease, fraction, text))
-                elif message[0] == MSG_READY:
-                    pass
-            if not slot.process.is_alive():
-                slot.process.join(timeout=1)
-                if slot.term_sent_at is not None and not slot.killed:
-                    # The job left on SIGTERM, but what it started may still run in its
-                    # group: the SIGKILL after the grace is still owed. (A group id is not
-                    # reused while the group has members, so killpg stays safe.)
-                    with self._lock:
-                        self._owed_kills.append(
-                            (slot.pid, slot.term_sent_at + self.lock_lost_grace)
-                        )
-                if slot.lease is not None:
-                    events.append(SlotDied(slot.lease, describe_exit(slot.process.exitcode)))
-                    slot.lease = None
-                self._replace(slot)
+            if slot.conn_fd in ready:
+                self._read_messages(slot, events)
+            if slot.sentinel in ready and not slot.process.is_alive():
+                self._slot_died(slot, events)
         return events
+
+    def _read_messages(self, slot: _ProcessSlot, events: list[Event]) -> None:
+        """Read one message (the fd stays readable if more wait: the next pass reads it)."""
+        try:
+            message = slot.conn.recv()
+        except (EOFError, OSError):
+            return  # the child is gone: its sentinel says so
+        if message[0] == MSG_OUTCOME:
+            outcome: Outcome = message[1]
+            if outcome.lease == slot.lease:
+                slot.lease = None
+                events.append(outcome)
+        elif message[0] == MSG_PROGRESS:
+            _, lease, fraction, text = message
+            events.append(ProgressEvent(lease, fraction, text))
+        # MSG_READY needs nothing.
+
+    def _slot_died(self, slot: _ProcessSlot, events: list[Event]) -> None:
+        slot.process.join(timeout=1)
+        if slot.term_sent_at is not None and not slot.killed:
+            # The job left on SIGTERM, but what it started may still run in its group:
+            # the SIGKILL after the grace is still owed. (A group id is not reused while
+            # the group has members, so killpg stays safe.)
+            with self._lock:
+                self._owed_kills.append((slot.pid, slot.term_sent_at + self.lock_lost_grace))
+        if slot.lease is not None:
+            events.append(SlotDied(slot.lease, describe_exit(slot.process.exitcode)))
+            slot.lease = None
+        self._replace(slot)
 
     def stop_job(self, lease: Lease, *, graceful: bool) -> bool:
         """Stop the job holding ``lease``: SIGKILL its process group, or SIGTERM first.

@@ -58,7 +58,7 @@ class Command(BaseCommand):
             default=None,
             help="At most this many jobs claimed ahead of free slots while jobs are short "
             "(about 20 ms of work per slot; jobs of 20 ms or more are never prefetched). "
-            "Default: 16 per slot, at most 256; 0 turns prefetching off.",
+            "Default: 64 per slot, at most 512; 0 turns prefetching off.",
         )
         parser.add_argument(
             "--burst", action="store_true", help="Exit once no job is ready and none runs."
