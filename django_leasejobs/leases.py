@@ -804,24 +804,24 @@ def fail_many(
     return {(job_id, attempt): str(status) for job_id, attempt, status, _ in written}
 
 
+_ATTEMPT_COLUMNS = (
+    "job_id",
+    "attempt",
+    "worker",
+    "outcome",
+    "error_class",
+    "error_message",
+    "traceback",
+    "started_at",
+)
+
+
 def _insert_attempt_values(
     failures: Sequence[tuple[Failure, Any]], worker_id: str, using: str
 ) -> None:
     """One JobAttempt row per written failure, from the values the worker already has."""
     q = lambda name: _q(using, name)  # noqa: E731
-    columns = ", ".join(
-        q(c)
-        for c in (
-            "job_id",
-            "attempt",
-            "worker",
-            "outcome",
-            "error_class",
-            "error_message",
-            "traceback",
-            "started_at",
-        )
-    )
+    columns = ", ".join(q(c) for c in _ATTEMPT_COLUMNS)
     params: list[Any] = []
     for failure, started in failures:
         params += [
@@ -1033,19 +1033,7 @@ def _insert_attempt_rows(
         error.traceback,
         *job_ids,
     ]
-    columns = ", ".join(
-        q(c)
-        for c in (
-            "job_id",
-            "attempt",
-            "worker",
-            "outcome",
-            "error_class",
-            "error_message",
-            "traceback",
-            "started_at",
-        )
-    )
+    columns = ", ".join(q(c) for c in _ATTEMPT_COLUMNS)
     sql = (
         f"INSERT INTO {_attempt_table(using)} ({columns}) "  # noqa: S608 - identifiers quoted, values bound
         f"SELECT {q('id')}, {q('attempt')}, {worker_sql}, %s, %s, %s, %s, {q('last_attempted_at')} "
