@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -299,32 +299,9 @@ class JobAdmin(admin.ModelAdmin):
             },
         ),
     )
-    readonly_fields = (
-        "task_path",
-        "status_badge",
-        "queue",
-        "priority",
-        "backend",
-        "key",
-        "args_json",
-        "kwargs_json",
-        "result_json",
-        "checkpoint_json",
-        "attempts_display",
-        "stall_count",
-        "max_stalls",
-        "timeout",
-        "locked_by",
-        "lease_left",
-        "heartbeat_at",
-        "cancel_requested",
-        "progress_display",
-        "last_error_display",
-        "enqueued_at",
-        "run_after",
-        "started_at",
-        "last_attempted_at",
-        "finished_at",
+    # Every field shown is read only: the job page is a view, never a form.
+    readonly_fields = tuple(
+        cast(str, name) for _, options in fieldsets for name in options["fields"]
     )
 
     # -- read only ----------------------------------------------------------------

@@ -46,6 +46,42 @@ STATUS_TO_RESULT = {
 TaskCall = tuple[Task, Sequence[Any], Mapping[str, Any]]
 
 
+def live_result(
+    task: Task,
+    job_id: int,
+    status: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    backend: str,
+    *,
+    enqueued_at: Any = None,
+    worker_ids: Sequence[str] = (),
+    return_value: Any = None,
+) -> TaskResult:
+    """The django.tasks view of a job the caller holds in memory (no query).
+
+    For a job just enqueued, and for the worker's ``task_started`` /
+    ``task_finished`` signals and task contexts.
+    """
+    result: TaskResult = TaskResult(
+        task=task,
+        id=str(job_id),
+        status=STATUS_TO_RESULT[JobStatus(status)],
+        enqueued_at=enqueued_at,
+        started_at=None,
+        finished_at=None,
+        last_attempted_at=None,
+        args=list(args),
+        kwargs=dict(kwargs),
+        backend=backend,
+        errors=[],
+        worker_ids=list(worker_ids),
+    )
+    if status == JobStatus.SUCCEEDED:
+        object.__setattr__(result, "_return_value", return_value)
+    return result
+
+
 class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
     """Jobs in the database, run by ``manage.py runworker`` under row leases."""
 
@@ -244,19 +280,8 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
 
     def _fresh_result(self, task: Task, row: NewJob, job_id: int, now: Any) -> TaskResult:
         """The django.tasks view of a job just inserted (no query needed)."""
-        return TaskResult(
-            task=task,
-            id=str(job_id),
-            status=STATUS_TO_RESULT[JobStatus.PENDING],
-            enqueued_at=now,
-            started_at=None,
-            finished_at=None,
-            last_attempted_at=None,
-            args=list(row.args),
-            kwargs=dict(row.kwargs),
-            backend=self.alias,
-            errors=[],
-            worker_ids=[],
+        return live_result(
+            task, job_id, JobStatus.PENDING, row.args, row.kwargs, self.alias, enqueued_at=now
         )
 
     def get_result(self, result_id: str) -> TaskResult:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,28 @@ def marker_dir(tmp_path: Path) -> str:
     path = tmp_path / "markers"
     path.mkdir()
     return str(path)
+
+
+class ListHandler(logging.Handler):
+    """Collects the records of one logger, whatever the project's LOGGING says."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def leasejobs_log() -> Iterator[ListHandler]:
+    """Every record of the ``django_leasejobs`` logger during the test (it does not
+    propagate in the project's LOGGING, so caplog alone would miss them)."""
+    handler = ListHandler()
+    logger = logging.getLogger("django_leasejobs")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)

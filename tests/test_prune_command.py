@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from datetime import timedelta
 from io import StringIO
 from typing import Any
@@ -15,6 +13,7 @@ from django.db import connection
 from django.db.models.functions import Now
 
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
+from tests.conftest import ListHandler
 
 # Each batch commits on its own, as in production.
 DB = pytest.mark.django_db(transaction=True)
@@ -58,27 +57,6 @@ def prune(*args: str) -> str:
 
 def remaining(ids: list[int]) -> set[int]:
     return set(Job.objects.filter(pk__in=ids).values_list("pk", flat=True))
-
-
-class ListHandler(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@pytest.fixture
-def leasejobs_log() -> Iterator[ListHandler]:
-    handler = ListHandler()
-    logger = logging.getLogger("django_leasejobs")
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(old_level)
 
 
 # --------------------------------------------------------------------------- what is deleted

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import queue
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from io import StringIO
 from typing import IO, Any
@@ -22,7 +20,7 @@ from django.db.models.functions import Now
 
 from django_leasejobs import leases
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
-from tests.conftest import MANAGE_PY, REPO_ROOT
+from tests.conftest import MANAGE_PY, REPO_ROOT, ListHandler
 from tests.tasks import add
 
 WORKER = "worker-reap-test"
@@ -57,25 +55,6 @@ def reap(*args: str) -> str:
 
 def statuses(ids: list[int]) -> dict[int, str]:
     return dict(Job.objects.filter(pk__in=ids).values_list("pk", "status"))
-
-
-class ListHandler(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@pytest.fixture
-def leasejobs_log() -> Iterator[ListHandler]:
-    # The project's LOGGING does not propagate "django_leasejobs": listen on it directly.
-    handler = ListHandler()
-    logger = logging.getLogger("django_leasejobs")
-    logger.addHandler(handler)
-    yield handler
-    logger.removeHandler(handler)
 
 
 class LineReader:

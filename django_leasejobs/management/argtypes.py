@@ -23,21 +23,19 @@ def positive_seconds(value: str) -> float:
     return seconds
 
 
-def positive_int(value: str) -> int:
+def _whole_number(value: str, minimum: int) -> int:
     try:
         number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}")
+    if number < minimum:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {value!r}")
     return number
+
+
+def positive_int(value: str) -> int:
+    return _whole_number(value, 1)
 
 
 def non_negative_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}")
-    return number
+    return _whole_number(value, 0)

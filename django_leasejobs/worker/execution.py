@@ -14,9 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..compat import TaskContext, TaskResult, TaskResultStatus
+from ..backend import live_result
+from ..compat import TaskContext, TaskResult
 from ..exceptions import InvalidTaskArguments, UnknownTask
 from ..leases import ClaimedJob, ErrorInfo, save_checkpoint
+from ..models import JobStatus
 from ..registry import resolve
 from ..serialization import json_value
 
@@ -118,18 +120,13 @@ def _error(exc: BaseException) -> ErrorInfo:
 
 def _task_result(spec: JobSpec, task: Any) -> TaskResult:
     job = spec.job
-    return TaskResult(
-        task=task,
-        id=str(job.id),
-        status=TaskResultStatus.RUNNING,
-        enqueued_at=None,
-        started_at=None,
-        finished_at=None,
-        last_attempted_at=None,
-        args=job.args,
-        kwargs=job.kwargs,
-        backend=spec.backend,
-        errors=[],
+    return live_result(
+        task,
+        job.id,
+        JobStatus.RUNNING,
+        job.args,
+        job.kwargs,
+        spec.backend,
         worker_ids=[spec.worker_id],
     )
 

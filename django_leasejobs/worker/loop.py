@@ -36,7 +36,7 @@ from django.db.models.functions import Now
 from django.utils.crypto import get_random_string
 
 from .. import registry
-from ..backend import STATUS_TO_RESULT, LeaseJobsBackend
+from ..backend import STATUS_TO_RESULT, LeaseJobsBackend, live_result
 from ..compat import Task, TaskResult, task_backends, task_finished, task_started
 from ..exceptions import UnknownTask
 from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress
@@ -793,13 +793,14 @@ class Worker:
         if not written:
             self._lost_on_write(running, "complete")
             return
-        logger.info(
-            "job %s attempt %s succeeded in %.3fs",
-            job.id,
-            job.attempt,
-            outcome.duration,
-            extra=self._log_extra(job, duration=round(outcome.duration, 6)),
-        )
+        if logger.isEnabledFor(logging.INFO):  # per job: skip building the extra keys
+            logger.info(
+                "job %s attempt %s succeeded in %.3fs",
+                job.id,
+                job.attempt,
+                outcome.duration,
+                extra=self._log_extra(job, duration=round(outcome.duration, 6)),
+            )
         self._send(job_succeeded, job, task_path=job.task_path, duration=outcome.duration)
         self._announce_finish(running, JobStatus.SUCCEEDED, outcome.result)
         self._forget(running)
@@ -884,33 +885,27 @@ class Worker:
     def _task_result(self, running: RunningJob, status: str, result: Any) -> TaskResult:
         """The in-memory django.tasks view of this attempt, for the signals' receivers."""
         job = running.job
-        task_result: TaskResult = TaskResult(
-            task=running.task,  # type: ignore[arg-type] # only called when the task resolved
-            id=str(job.id),
-            status=STATUS_TO_RESULT[JobStatus(status)],
-            enqueued_at=None,
-            started_at=None,
-            finished_at=None,
-            last_attempted_at=None,
-            args=list(job.args),
-            kwargs=dict(job.kwargs),
-            backend=self.backend.alias,
-            errors=[],
+        return live_result(
+            running.task,  # type: ignore[arg-type] # only called when the task resolved
+            job.id,
+            status,
+            job.args,
+            job.kwargs,
+            self.backend.alias,
             worker_ids=[self.worker_id],
+            return_value=result,
         )
-        if status == JobStatus.SUCCEEDED:
-            object.__setattr__(task_result, "_return_value", result)
-        return task_result
 
     def _announce_start(self, running: RunningJob) -> None:
         job = running.job
-        logger.info(
-            "job %s attempt %s started: %s",
-            job.id,
-            job.attempt,
-            job.task_path,
-            extra=self._log_extra(job),
-        )
+        if logger.isEnabledFor(logging.INFO):  # per job: skip building the extra keys
+            logger.info(
+                "job %s attempt %s started: %s",
+                job.id,
+                job.attempt,
+                job.task_path,
+                extra=self._log_extra(job),
+            )
         self._send(job_started, job, task_path=job.task_path)
         if running.task is not None and task_started.receivers:
             running.task_result = self._task_result(running, JobStatus.RUNNING, None)
