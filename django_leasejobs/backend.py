@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, transaction
+from django.utils import timezone
 
 from . import leases, registry
 from .compat import (
+    TASK_MAX_PRIORITY,
+    TASK_MIN_PRIORITY,
     BaseTaskBackend,
     InvalidTask,
     Task,
@@ -23,6 +28,7 @@ from .compat import (
     task_enqueued,
 )
 from .conf import E_UNKNOWN_DATABASE, Options, Problem, parse_options
+from .exceptions import InvalidTaskArguments
 from .lease_task import LeaseTask
 from .leases import NewJob
 from .models import ACTIVE_STATUSES, AttemptOutcome, Job, JobAttempt, JobStatus
@@ -82,6 +88,48 @@ def live_result(
     return result
 
 
+def _storable_run_after(run_after: datetime | None) -> datetime | None:
+    """``run_after`` as every database stores it: naive local time when USE_TZ is off."""
+    if run_after is not None and not settings.USE_TZ and timezone.is_aware(run_after):
+        return timezone.make_naive(run_after)
+    return run_after
+
+
+def task_field_problem(task: Task) -> str:
+    """Why the task's priority, run_after or queue_name cannot be stored ('' if they can).
+
+    Checked before Django's own validation, which assumes the right types (a string
+    priority would raise TypeError there, a string run_after AttributeError).
+    """
+    priority = task.priority
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int | float)
+        or not math.isfinite(priority)
+        or int(priority) != priority
+        or not TASK_MIN_PRIORITY <= priority <= TASK_MAX_PRIORITY
+    ):
+        return (
+            f"priority must be a whole number between {TASK_MIN_PRIORITY} and "
+            f"{TASK_MAX_PRIORITY}, got {priority!r}."
+        )
+    run_after = task.run_after
+    if run_after is not None:
+        if not isinstance(run_after, datetime):
+            return (
+                "run_after must be a datetime.datetime (aware when USE_TZ is on) or None, "
+                f"got {run_after!r} ({type(run_after).__name__})."
+            )
+        if run_after.utcoffset() is not None:
+            try:
+                run_after.astimezone(UTC)
+            except OverflowError:
+                return f"run_after {run_after.isoformat()} is out of range in UTC."
+    if not isinstance(task.queue_name, str):
+        return f"queue_name must be a string, got {task.queue_name!r}."
+    return ""
+
+
 class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
     """Jobs in the database, run by ``manage.py runworker`` under row leases."""
 
@@ -120,6 +168,9 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             )
 
     def validate_task(self, task: Task) -> None:
+        problem = task_field_problem(task)
+        if problem:
+            raise InvalidTask(problem)
         super().validate_task(task)
         registry.register(task)
 
@@ -139,12 +190,17 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             timeout=getattr(task, "timeout", None),
             key=getattr(task, "key", None),
             retry_backoff=asdict(backoff) if backoff is not None else None,
-            run_after=task.run_after,
+            run_after=_storable_run_after(task.run_after),
         )
 
     def _new_job(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
         self.validate_task(task)
-        fields = asdict(self._job_fields(task, args, kwargs))
+        return self._job_from_row(self._job_fields(task, args, kwargs))
+
+    @staticmethod
+    def _job_from_row(row: NewJob) -> Job:
+        """An unsaved Job for checked columns (run_after left to the database if None)."""
+        fields = asdict(row)
         run_after = fields.pop("run_after")
         job = Job(**fields)
         if run_after is not None:
@@ -245,11 +301,23 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         self.require_valid_config()
         calls = list(calls)
         checked: dict[int, Task] = {}
-        for task, _, _ in calls:
+        for number, call in enumerate(calls):
+            if not isinstance(call, tuple | list) or len(call) != 3:
+                raise InvalidTaskArguments(
+                    f"calls[{number}] must be a (task, args, kwargs) triple, got {call!r}."
+                )
+            task = call[0]
+            if not isinstance(task, Task):
+                raise InvalidTask(f"calls[{number}]: {task!r} is not a task.")
             if id(task) not in checked:
                 self.validate_task(task)
                 checked[id(task)] = task
-        rows = [self._job_fields(task, args, kwargs) for task, args, kwargs in calls]
+        rows = []
+        for number, (task, args, kwargs) in enumerate(calls):
+            try:
+                rows.append(self._job_fields(task, args, kwargs))
+            except InvalidTaskArguments as exc:
+                raise InvalidTaskArguments(f"calls[{number}]: {exc}") from None
         if rows and leases.can_copy(self.database) and all(row.key is None for row in rows):
             with transaction.atomic(using=self.database):
                 ids, now = leases.copy_jobs(rows, using=self.database)
@@ -260,7 +328,9 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             ]
             self._announce(copied)
             return copied
-        prepared = [(task, self._new_job(task, args, kwargs)) for task, args, kwargs in calls]
+        prepared = [
+            (task, self._job_from_row(row)) for (task, _, _), row in zip(calls, rows, strict=True)
+        ]
         results: list[TaskResult | None] = [None] * len(prepared)
         with transaction.atomic(using=self.database):
             plain = [(i, task, job) for i, (task, job) in enumerate(prepared) if job.key is None]

@@ -15,6 +15,7 @@ from typing import Any
 
 from .compat import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, InvalidTask, Task
 from .retry import Backoff, backoff_problems
+from .serialization import string_problem
 
 _UNSET: Any = object()
 
@@ -55,10 +56,16 @@ class LeaseTask(Task):  # type: ignore[misc]
             or self.timeout <= 0
         ):
             raise InvalidTask(f"timeout must be a number of seconds > 0, got {self.timeout!r}")
-        if self.key is not None and (not isinstance(self.key, str) or not 0 < len(self.key) <= 255):
-            raise InvalidTask(
-                f"key must be a non-empty string of at most 255 characters, got {self.key!r}"
-            )
+        if self.key is not None:
+            if not isinstance(self.key, str) or not 0 < len(self.key) <= 255:
+                raise InvalidTask(
+                    f"key must be a non-empty string of at most 255 characters, got {self.key!r}"
+                )
+            problem = string_problem(self.key)
+            if problem:
+                raise InvalidTask(f"key {self.key!r} {problem}.")
+        if not isinstance(self.backend, str):
+            raise InvalidTask(f"backend must be a TASKS alias (a string), got {self.backend!r}")
         # Explicit base call: zero-argument super() breaks in slotted dataclasses.
         Task.__post_init__(self)
 
