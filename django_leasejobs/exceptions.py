@@ -54,3 +54,8 @@ class JobCancelled(JobFailure):
 
 class JobReleased(JobFailure):
     """The worker shut down and put the job back to pending."""
+
+
+class OutcomeNotStored(JobFailure):
+    """The database refused to store the attempt's result or error as it was; the
+    attempt is recorded as this failure instead, saying why."""

@@ -44,9 +44,47 @@ from django.db.models.functions import Now
 
 from .exceptions import LeaseLost
 from .models import AttemptOutcome, Job, JobAttempt, JobStatus
+from .retry import backoff_problems
 
 RETURNING_VENDORS = frozenset({"postgresql", "sqlite"})
 MAX_ERROR_LENGTH = 2000
+MAX_ERROR_CLASS_LENGTH = 512  # JobAttempt.error_class
+MAX_TRACEBACK_LENGTH = 64_000
+MAX_PROGRESS_MESSAGE_LENGTH = 255  # Job.progress_message
+
+
+def storable_text(value: object, limit: int | None = None) -> str:
+    """``value`` as text every supported database stores unchanged.
+
+    For what a job *reports* (error messages, tracebacks, progress messages), which
+    must never stop the worker from recording the attempt: a NUL character (which
+    PostgreSQL text cannot hold) becomes the four characters ``\\x00``, a lone
+    surrogate (which UTF-8 cannot encode) its ``\\udXXX`` escape, and text longer
+    than ``limit`` is cut with a marker saying how much was dropped. Values that are
+    not ``str`` are converted with ``str()``; if that raises, a description of the
+    failure is stored instead. (Arguments, results and checkpoints are refused at
+    the door instead: see ``serialization.py``.)
+    """
+    if isinstance(value, str):
+        text = "".join((value,))  # a plain str, whatever a subclass overrides
+    else:
+        try:
+            text = "".join((str(value),))
+        except Exception as exc:  # a hostile __str__ must not escape
+            text = f"<unprintable {type(value).__name__}: str() raised {type(exc).__name__}>"
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if limit is not None and len(text) > limit:
+        kept = limit
+        for _ in range(2):  # the marker's length depends on the number it gives
+            marker = f"... [truncated {len(text) - kept} characters]"
+            kept = max(limit - len(marker), 0)
+        text = (text[:kept] + marker)[:limit]
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +103,9 @@ class ClaimedJob:
     checkpoint: Any
     retry_backoff: dict[str, float] | None = None
     """The job's own backoff policy (from ``.using(retry_backoff=...)``), if any."""
+    problem: str | None = None
+    """Why the row cannot run (its stored columns have the wrong JSON types), or None.
+    Such an attempt fails at once, as its own attempt, and nothing is called."""
 
     @property
     def lease(self) -> tuple[int, int]:
@@ -87,6 +128,7 @@ class ClaimedJob:
                 self.max_attempts,
                 self.checkpoint,
                 self.retry_backoff,
+                self.problem,
             ),
         )
 
@@ -105,6 +147,9 @@ class RenewResult:
     """Leases asked for and not renewed: the worker must stop those attempts now."""
     cancel_requested: frozenset[tuple[int, int]]
     """Held leases whose job an operator asked to cancel."""
+    skipped: frozenset[tuple[int, int]] = frozenset()
+    """Leases not renewed this time because another transaction holds their row locked
+    (PostgreSQL): still this worker's as far as the database showed; try again later."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +166,34 @@ class ReapedJob:
 
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:
-    """Why an attempt did not succeed, as stored on its JobAttempt row."""
+    """Why an attempt did not succeed, as stored on its JobAttempt row.
+
+    Always storable: each part is passed through :func:`storable_text` with its
+    column's limit when the value is made, so no error a job raises can make the
+    write of its own attempt fail.
+    """
 
     exception_class_path: str
     message: str = ""
     traceback: str = ""
+
+    def __post_init__(self) -> None:
+        for name, limit in (
+            ("exception_class_path", MAX_ERROR_CLASS_LENGTH),
+            ("message", MAX_ERROR_LENGTH),
+            ("traceback", MAX_TRACEBACK_LENGTH),
+        ):
+            value = getattr(self, name)
+            clean = storable_text(value, limit)
+            if clean is not value:
+                object.__setattr__(self, name, clean)
+
+    @property
+    def last_error(self) -> str:
+        """The job row's ``last_error`` for this error."""
+        if self.message:
+            return f"{self.exception_class_path}: {self.message}"
+        return self.exception_class_path
 
 
 class CancelResult(StrEnum):
@@ -219,19 +287,50 @@ _PRIORITY = _CLAIM_COLUMNS.index("priority")
 
 def _claimed(row: Sequence[Any]) -> ClaimedJob:
     values = dict(zip(_CLAIM_COLUMNS, row, strict=True))
+    args, kwargs = _json(values["args"]), _json(values["kwargs"])
+    backoff = _json(values["retry_backoff"])
+    problems = []
+    # Rows written by hand or by another program: a wrong JSON type must fail this job,
+    # never reach the task call (or the worker's own bookkeeping).
+    if args is None:
+        args = []
+    elif not isinstance(args, list):
+        problems.append(f"args is a JSON {_json_type(args)}, not an array")
+        args = []
+    if kwargs is None:
+        kwargs = {}
+    elif not isinstance(kwargs, dict):
+        problems.append(f"kwargs is a JSON {_json_type(kwargs)}, not an object")
+        kwargs = {}
+    if backoff is not None and backoff_problems(backoff):
+        problems.append("retry_backoff " + "; ".join(backoff_problems(backoff)))
+        backoff = None
     return ClaimedJob(
         id=int(values["id"]),
         attempt=int(values["attempt"]),
         task_path=values["task_path"],
         queue=values["queue"],
         priority=int(values["priority"]),
-        args=_json(values["args"]) or [],
-        kwargs=_json(values["kwargs"]) or {},
+        args=args,
+        kwargs=kwargs,
         timeout=values["timeout"],
         max_attempts=int(values["max_attempts"]),
         checkpoint=_json(values["checkpoint"]),
-        retry_backoff=_json(values["retry_backoff"]),
+        retry_backoff=backoff,
+        problem="the job row is malformed: " + "; ".join(problems) if problems else None,
     )
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    return "number"
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,7 +607,11 @@ def renew(
 
     ``leases`` maps (job id, attempt) to the attempt's latest progress (or None),
     or is a plain iterable of (job id, attempt). A lease missing from the result's
-    ``held`` set is lost: the job was reaped, re-claimed or finished meanwhile.
+    ``held`` set is lost (the job was reaped, re-claimed or finished meanwhile),
+    except those in ``skipped``: rows another transaction holds locked right now
+    (an admin edit, a migration, a stray ``SELECT ... FOR UPDATE``). The renewal
+    never waits for such a row; it renews the others, and the caller tries the
+    skipped ones again at its next heartbeat.
     """
     wanted: dict[tuple[int, int], Progress | None] = (
         dict(leases) if isinstance(leases, Mapping) else dict.fromkeys(leases)
@@ -519,53 +622,81 @@ def renew(
     if vendor not in RETURNING_VENDORS:
         return _renew_orm(worker_id, wanted, lease_duration, using)
 
-    if vendor == "postgresql":
-        types = ("bigint", "integer", "double precision", "varchar")
-    else:
-        types = ("INTEGER", "INTEGER", "REAL", "TEXT")
-    row_sql = "(" + ", ".join(f"CAST(%s AS {t})" for t in types) + ")"
-    values_sql = ", ".join([row_sql] * len(wanted))
-    table = _job_table(using)
-    now = _now_sql(vendor)
-    params: list[Any] = []
-    lock_cte = ""
-    lock_filter = ""
-    if vendor == "postgresql":
-        # Take the row locks in id order, as the reaper does: no deadlock between them.
-        ids = sorted({job_id for job_id, _ in wanted})
-        lock_cte = (
-            f"WITH mine AS (SELECT id FROM {table} WHERE id IN ({_placeholders(len(ids))}) "  # noqa: S608 - identifiers quoted, values bound
-            "AND locked_by = %s AND status = 'running' ORDER BY id FOR UPDATE) "
-        )
-        lock_filter = "AND j.id IN (SELECT id FROM mine) "
-        params += [*ids, worker_id]
-    params.append(_offset_param(vendor, lease_duration))
+    params: list[Any] = [_offset_param(vendor, lease_duration)]
     for (job_id, attempt), progress in wanted.items():
-        params += [
-            job_id,
-            attempt,
-            progress.fraction if progress else None,
-            (progress.message or "")[:255] if progress and progress.message is not None else None,
-        ]
+        message = None
+        if progress is not None and progress.message is not None:
+            message = storable_text(progress.message, MAX_PROGRESS_MESSAGE_LENGTH)
+        params += [job_id, attempt, progress.fraction if progress else None, message]
     params.append(worker_id)
-    sql = (
-        f"{lock_cte}UPDATE {table} AS j SET locked_until = {_now_offset_sql(vendor)}, "  # noqa: S608 - identifiers quoted, values bound
+    now = _now_sql(vendor)
+    update = (
+        f"UPDATE {_job_table(using)} AS j SET locked_until = {_now_offset_sql(vendor)}, "  # noqa: S608 - identifiers quoted, values bound
         f"heartbeat_at = {now}, "
         "progress = COALESCE(v.column3, j.progress), "
         "progress_message = COALESCE(v.column4, j.progress_message) "
-        f"FROM (VALUES {values_sql}) AS v "
+        f"FROM (VALUES {_values_sql(vendor, len(wanted), 'id', 'int', 'float', 'text')}) AS v "
         "WHERE j.id = v.column1 AND j.attempt = v.column2 "
-        f"AND j.status = 'running' AND j.locked_by = %s {lock_filter}"
-        "RETURNING id, attempt, cancel_requested"
+        "AND j.status = 'running' AND j.locked_by = %s {mine}"
+    )
+    rows, skipped = _fenced_batch(
+        using, worker_id, [job_id for job_id, _ in wanted], update, params, ("cancel_requested",)
+    )
+    return _renew_result(wanted, rows, skipped)
+
+
+def _fenced_batch(
+    using: str,
+    worker_id: str,
+    job_ids: Iterable[int],
+    update: str,
+    params: Sequence[Any],
+    returning: Sequence[str] = (),
+) -> tuple[list[tuple[Any, ...]], frozenset[tuple[int, int]]]:
+    """Run a batched, fenced ``UPDATE ... AS j``; return its rows and the skipped leases.
+
+    ``update`` ends with its WHERE clause, which holds the fence and a ``{mine}``
+    placeholder. The rows returned are ``(id, attempt, *returning)`` per row written.
+
+    On PostgreSQL the rows are first locked in id order with ``SKIP LOCKED`` (the
+    order renewals, batched writes and the reaper all use, so they never deadlock),
+    and only the locked ones are updated: a row another transaction holds is never
+    waited for. Such a row, if it still names this worker as holder, comes back as
+    *skipped* (id, attempt as stored): neither written nor lost, to be tried again.
+    SQLite serialises writers, so nothing is ever skipped there.
+    """
+    vendor = _vendor(using)
+    columns = ", ".join(("id", "attempt", *returning))
+    if vendor != "postgresql":
+        with connections[using].cursor() as cursor:
+            cursor.execute(f"{update.format(mine='')}RETURNING {columns}", params)
+            return [tuple(row) for row in cursor.fetchall()], frozenset()
+    ids = sorted(set(job_ids))
+    table = _job_table(using)
+    held_by_me = (
+        f"FROM {table} WHERE id IN ({_placeholders(len(ids))}) "
+        "AND locked_by = %s AND status = 'running'"
+    )
+    nulls = "".join(", NULL" for _ in returning)
+    sql = (
+        f"WITH mine AS (SELECT id {held_by_me} ORDER BY id FOR UPDATE SKIP LOCKED), "  # noqa: S608 - identifiers quoted, values bound
+        f"done AS ({update.format(mine='AND j.id IN (SELECT id FROM mine) ')}"
+        f"RETURNING {', '.join(f'j.{c}' for c in ('id', 'attempt', *returning))}) "
+        f"SELECT {columns}, FALSE FROM done UNION ALL "
+        f"SELECT id, attempt{nulls}, TRUE {held_by_me} AND id NOT IN (SELECT id FROM mine)"
     )
     with connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    return _renew_result(wanted, rows)
+        cursor.execute(sql, [*ids, worker_id, *params, *ids, worker_id])
+        fetched = cursor.fetchall()
+    rows = [tuple(row[:-1]) for row in fetched if not row[-1]]
+    skipped = frozenset((int(row[0]), int(row[1])) for row in fetched if row[-1])
+    return rows, skipped
 
 
 def _renew_result(
-    wanted: Mapping[tuple[int, int], Any], rows: Iterable[Sequence[Any]]
+    wanted: Mapping[tuple[int, int], Any],
+    rows: Iterable[Sequence[Any]],
+    skipped: frozenset[tuple[int, int]] = frozenset(),
 ) -> RenewResult:
     held = set()
     cancel = set()
@@ -574,10 +705,12 @@ def _renew_result(
         held.add(lease)
         if cancel_requested:
             cancel.add(lease)
+    skipped = skipped & set(wanted)
     return RenewResult(
         held=frozenset(held),
-        lost=frozenset(set(wanted) - held),
+        lost=frozenset(set(wanted) - held - skipped),
         cancel_requested=frozenset(cancel),
+        skipped=skipped,
     )
 
 
@@ -597,7 +730,9 @@ def _renew_orm(
             if progress is not None:
                 changes: dict[str, Any] = {"progress": progress.fraction}
                 if progress.message is not None:
-                    changes["progress_message"] = progress.message[:255]
+                    changes["progress_message"] = storable_text(
+                        progress.message, MAX_PROGRESS_MESSAGE_LENGTH
+                    )
                 _fenced(job_id, attempt, worker_id, using).update(**changes)
         rows = list(mine.values_list("id", "attempt", "cancel_requested"))
     return _renew_result(wanted, rows)
@@ -669,79 +804,72 @@ def _values_sql(vendor: str, rows: int, *kinds: str) -> str:
     return ", ".join([row] * rows)
 
 
-def _lock_mine_cte(using: str, job_ids: Iterable[int], worker_id: str) -> tuple[str, list[Any]]:
-    """PostgreSQL: lock the worker's running rows among ``job_ids`` in id order.
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What a batched write (:func:`complete_many`, :func:`fail_many`) did."""
 
-    Renewals, batched writes and the reaper all take row locks in id order, so the
-    heartbeat thread and the main loop of one worker never deadlock each other.
-    """
-    ids = sorted(set(job_ids))
-    sql = (
-        f"WITH mine AS (SELECT id FROM {_job_table(using)} "  # noqa: S608 - identifiers quoted, values bound
-        f"WHERE id IN ({_placeholders(len(ids))}) "
-        "AND locked_by = %s AND status = 'running' ORDER BY id FOR UPDATE) "
-    )
-    return sql, [*ids, worker_id]
+    written: dict[tuple[int, int], str]
+    """Each written lease and the job's new status."""
+    skipped: frozenset[tuple[int, int]] = frozenset()
+    """Leases not written because another transaction holds their row locked
+    (PostgreSQL): still held; write them again later. Every other lease asked for
+    and missing from ``written`` was lost."""
 
 
 def complete_many(
     worker_id: str, completions: Sequence[Completion], *, using: str = "default"
-) -> frozenset[tuple[int, int]]:
-    """Record many successful attempts in one fenced UPDATE; return the leases written.
+) -> WriteResult:
+    """Record many successful attempts in one fenced UPDATE.
 
     Each row is fenced like :func:`complete` (this job, this attempt, this worker,
-    still running). A lease missing from the result was lost: nothing was written
-    for it.
+    still running). A lease missing from the result was lost (nothing was written
+    for it) or skipped (its row was locked by another transaction).
     """
     if not completions:
-        return frozenset()
+        return WriteResult({})
     vendor = _vendor(using)
     if vendor not in RETURNING_VENDORS:
-        done = set()
+        done = {}
         with transaction.atomic(using=using):
             for c in completions:
                 try:
                     complete(c.job_id, c.attempt, worker_id, result=c.result, using=using)
                 except LeaseLost:
                     continue
-                done.add(c.lease)
-        return frozenset(done)
-    lock_cte, params = "", list[Any]()
-    lock_filter = ""
-    if vendor == "postgresql":
-        lock_cte, params = _lock_mine_cte(using, (c.job_id for c in completions), worker_id)
-        lock_filter = "AND j.id IN (SELECT id FROM mine) "
+                done[c.lease] = str(JobStatus.SUCCEEDED)
+        return WriteResult(done)
+    params: list[Any] = []
     for c in completions:
         params += [c.job_id, c.attempt, None if c.result is None else json.dumps(c.result)]
     params.append(worker_id)
     now = _now_sql(vendor)
-    sql = (
-        f"{lock_cte}UPDATE {_job_table(using)} AS j SET status = 'succeeded', "  # noqa: S608 - identifiers quoted, values bound
+    update = (
+        f"UPDATE {_job_table(using)} AS j SET status = 'succeeded', "  # noqa: S608 - identifiers quoted, values bound
         "result = v.column3, locked_by = NULL, locked_until = NULL, "
         f"finished_at = {now}, cancel_requested = FALSE, "
         "progress = CASE WHEN j.progress IS NULL THEN NULL ELSE 1.0 END "
         f"FROM (VALUES {_values_sql(vendor, len(completions), 'id', 'int', 'json')}) AS v "
         "WHERE j.id = v.column1 AND j.attempt = v.column2 "
-        f"AND j.locked_by = %s AND j.status = 'running' {lock_filter}"
-        "RETURNING id, attempt"
+        "AND j.locked_by = %s AND j.status = 'running' {mine}"
     )
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    return frozenset((int(job_id), int(attempt)) for job_id, attempt in rows)
+    rows, skipped = _fenced_batch(using, worker_id, (c.job_id for c in completions), update, params)
+    succeeded = str(JobStatus.SUCCEEDED)
+    return WriteResult({(int(job), int(attempt)): succeeded for job, attempt in rows}, skipped)
 
 
 def fail_many(
     worker_id: str, failures: Sequence[Failure], *, using: str = "default"
-) -> dict[tuple[int, int], str]:
-    """Record many failed attempts at once; return each written lease's new status.
+) -> WriteResult:
+    """Record many failed attempts at once; the result maps each written lease to the
+    job's new status.
 
     One fenced UPDATE for the job rows (each decides retry, ``failed`` or
     ``cancelled`` exactly as :func:`fail` does) and one INSERT for their attempt
-    rows, in one transaction. A lease missing from the result was lost.
+    rows, in one transaction. A lease missing from the result was lost or skipped
+    (see :class:`WriteResult`).
     """
     if not failures:
-        return {}
+        return WriteResult({})
     vendor = _vendor(using)
     if vendor not in RETURNING_VENDORS:
         statuses = {}
@@ -759,18 +887,12 @@ def fail_many(
                     )
                 except LeaseLost:
                     continue
-        return statuses
-    lock_cte, params = "", list[Any]()
-    lock_filter = ""
-    if vendor == "postgresql":
-        lock_cte, params = _lock_mine_cte(using, (f.job_id for f in failures), worker_id)
-        lock_filter = "AND j.id IN (SELECT id FROM mine) "
+        return WriteResult(statuses)
     by_lease = {f.lease: f for f in failures}
+    params: list[Any] = []
     for f in failures:
-        kind, message = f.error.exception_class_path, f.error.message[:MAX_ERROR_LENGTH]
-        last_error = f"{kind}: {message}" if message else kind
         delay = None if f.retry_delay is None else _offset_param(vendor, f.retry_delay)
-        params += [f.job_id, f.attempt, delay, last_error]
+        params += [f.job_id, f.attempt, delay, f.error.last_error]
     params.append(worker_id)
     now = _now_sql(vendor)
     if vendor == "postgresql":
@@ -779,8 +901,8 @@ def fail_many(
         run_later = "(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', v.column3) || '000')"
     retrying = "(NOT j.cancel_requested AND v.column3 IS NOT NULL AND j.attempt < j.max_attempts)"
     delay_kind = "float" if vendor == "postgresql" else "text"
-    sql = (
-        f"{lock_cte}UPDATE {_job_table(using)} AS j SET "  # noqa: S608 - identifiers quoted, values bound
+    update = (
+        f"UPDATE {_job_table(using)} AS j SET "  # noqa: S608 - identifiers quoted, values bound
         "status = CASE WHEN j.cancel_requested THEN 'cancelled' "
         f"WHEN {retrying} THEN 'pending' ELSE 'failed' END, "
         f"run_after = CASE WHEN {retrying} THEN {run_later} ELSE j.run_after END, "
@@ -788,12 +910,17 @@ def fail_many(
         "locked_by = NULL, locked_until = NULL, cancel_requested = FALSE, last_error = v.column4 "
         f"FROM (VALUES {_values_sql(vendor, len(failures), 'id', 'int', delay_kind, 'text')}) "
         "AS v WHERE j.id = v.column1 AND j.attempt = v.column2 "
-        f"AND j.locked_by = %s AND j.status = 'running' {lock_filter}"
-        "RETURNING id, attempt, status, last_attempted_at"
+        "AND j.locked_by = %s AND j.status = 'running' {mine}"
     )
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+    with transaction.atomic(using=using):
+        rows, skipped = _fenced_batch(
+            using,
+            worker_id,
+            (f.job_id for f in failures),
+            update,
+            params,
+            ("status", "last_attempted_at"),
+        )
         written = [(int(job), int(attempt), status, began) for job, attempt, status, began in rows]
         if written:
             _insert_attempt_values(
@@ -801,7 +928,9 @@ def fail_many(
                 worker_id,
                 using,
             )
-    return {(job_id, attempt): str(status) for job_id, attempt, status, _ in written}
+    return WriteResult(
+        {(job_id, attempt): str(status) for job_id, attempt, status, _ in written}, skipped
+    )
 
 
 _ATTEMPT_COLUMNS = (
@@ -830,7 +959,7 @@ def _insert_attempt_values(
             worker_id,
             failure.outcome,
             failure.error.exception_class_path,
-            failure.error.message[:MAX_ERROR_LENGTH],
+            failure.error.message,
             failure.error.traceback,
             started,
         ]
@@ -933,8 +1062,9 @@ def release(job_id: int, attempt: int, worker_id: str, *, using: str = "default"
     """Put a running job back to ``pending`` at once, without counting a stall.
 
     For a worker that shuts down before the attempt finished. The attempt is
-    recorded with outcome ``released``. A job whose cancel was requested ends
-    ``cancelled`` instead.
+    recorded with outcome ``released``. The job keeps its ``run_after`` and so its
+    place in the claim order, as a reaped job does. A job whose cancel was requested
+    ends ``cancelled`` instead.
     """
     cancelled = Q(cancel_requested=True)
     _end_attempt(
@@ -951,7 +1081,7 @@ def release(job_id: int, attempt: int, worker_id: str, *, using: str = "default"
         status=Case(
             When(cancelled, then=Value(JobStatus.CANCELLED)), default=Value(JobStatus.PENDING)
         ),
-        run_after=Case(When(cancelled, then=F("run_after")), default=Now()),
+        run_after=F("run_after"),
         finished_at=Case(
             When(cancelled, then=Now()), default=Value(None), output_field=DateTimeField()
         ),
@@ -988,7 +1118,6 @@ def _end_attempt(
     finished_at: Any,
 ) -> str:
     """The fenced UPDATE ending an attempt that did not succeed, plus its attempt row."""
-    message = error.message[:MAX_ERROR_LENGTH]
     with transaction.atomic(using=using):
         changed = _fenced(job_id, attempt, worker_id, using).update(
             status=status,
@@ -997,9 +1126,7 @@ def _end_attempt(
             locked_by=None,
             locked_until=None,
             cancel_requested=False,
-            last_error=f"{error.exception_class_path}: {message}"
-            if message
-            else error.exception_class_path,
+            last_error=error.last_error,
         )
         if changed != 1:
             raise LeaseLost(job_id, attempt, worker_id, transition)
@@ -1029,7 +1156,7 @@ def _insert_attempt_rows(
     params += [
         outcome,
         error.exception_class_path,
-        error.message[:MAX_ERROR_LENGTH],
+        error.message,
         error.traceback,
         *job_ids,
     ]
@@ -1062,7 +1189,7 @@ def set_progress(
     """Store progress at once (workers normally send it with the next renewal instead)."""
     changes: dict[str, Any] = {"progress": progress.fraction}
     if progress.message is not None:
-        changes["progress_message"] = progress.message[:255]
+        changes["progress_message"] = storable_text(progress.message, MAX_PROGRESS_MESSAGE_LENGTH)
     if _fenced(job_id, attempt, worker_id, using).update(**changes) != 1:
         raise LeaseLost(job_id, attempt, worker_id, "progress")
 
@@ -1100,9 +1227,13 @@ def reap(
     so a completion that raced the reaper is never overwritten. Each reaped job
     gets ``stall_count + 1`` and becomes ``dead`` when that reaches
     ``max_stalls``, else ``failed`` when its attempts are used up, else
-    ``pending`` (runnable at once); a job whose cancel was requested while it ran
-    ends ``cancelled``. Each reaped attempt gets a JobAttempt row with
-    outcome ``lease_expired``.
+    ``pending``; a job whose cancel was requested while it ran ends ``cancelled``.
+    Each reaped attempt gets a JobAttempt row with outcome ``lease_expired``.
+
+    A job put back to ``pending`` keeps its ``run_after``, which has passed (it was
+    claimed): it is runnable at once and keeps its place in the claim order
+    (priority, then ``run_after``, then id), ahead of every job that became ready
+    after it, instead of going to the back of a backlog.
     """
     vendor = _vendor(using)
     with transaction.atomic(using=using):
@@ -1153,7 +1284,7 @@ def _reap_returning(
         )
         where += " AND id IN (SELECT id FROM stale)"
         params += where_params
-    params.append(_REAP_ERROR.exception_class_path + ": " + _REAP_ERROR.message)
+    params.append(_REAP_ERROR.last_error)
     params += where_params
     terminal = "cancel_requested OR stall_count + 1 >= max_stalls OR attempt >= max_attempts"
     sql = (
@@ -1162,7 +1293,6 @@ def _reap_returning(
         "WHEN stall_count + 1 >= max_stalls THEN 'dead' "
         "WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END, "
         "stall_count = stall_count + 1, locked_by = NULL, locked_until = NULL, "
-        f"run_after = CASE WHEN {terminal} THEN run_after ELSE {now} END, "
         f"finished_at = CASE WHEN {terminal} THEN {now} ELSE NULL END, "
         "last_error = %s "
         f"WHERE {where} RETURNING {', '.join(_REAP_RETURNING)}"
@@ -1206,13 +1336,12 @@ def _reap_orm(stale_lock_age: float, backend: str | None, using: str) -> list[Re
         ),
         locked_by=None,
         locked_until=None,
-        run_after=Case(When(cancelled | dead | exhausted, then=F("run_after")), default=Now()),
         finished_at=Case(
             When(cancelled | dead | exhausted, then=Now()),
             default=Value(None),
             output_field=DateTimeField(),
         ),
-        last_error=_REAP_ERROR.exception_class_path + ": " + _REAP_ERROR.message,
+        last_error=_REAP_ERROR.last_error,
         # Last: MySQL evaluates SET left to right, and the CASEs above read the old count.
         stall_count=F("stall_count") + 1,
     )

@@ -226,6 +226,12 @@ class Worker(models.Model):
     started_at = models.DateTimeField(db_default=Now())
     last_seen_at = models.DateTimeField(db_default=Now())
     stopped_at = models.DateTimeField(null=True, blank=True)
+    problem = models.TextField(
+        blank=True,
+        default="",
+        help_text="What keeps the worker from working normally, as of its last heartbeat "
+        "(outcomes it cannot record, failing database rounds); empty when all is well.",
+    )
 
     class Meta:
         db_table = "leasejobs_worker"

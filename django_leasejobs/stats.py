@@ -72,6 +72,9 @@ class WorkerInfo:
     concurrency: int
     last_seen_ago: float
     online: bool
+    problem: str = ""
+    """What the worker reported at its last heartbeat as keeping it from working
+    normally (outcomes it could not record, failing database rounds); '' when none."""
 
 
 @dataclass
@@ -110,6 +113,11 @@ class Health:
     @property
     def workers_online(self) -> int:
         return sum(1 for w in self.workers if w.online)
+
+    @property
+    def troubled_workers(self) -> list[WorkerInfo]:
+        """Online workers that report a problem."""
+        return [w for w in self.workers if w.online and w.problem]
 
     def as_dict(self) -> dict[str, Any]:
         totals = self.totals
@@ -239,6 +247,7 @@ def collect(*, using: str = "default", online_after: float = 60.0) -> Health:
                 concurrency=worker.concurrency,
                 last_seen_ago=_seconds(db_now - worker.last_seen_at) or 0.0,
                 online=worker.state != WorkerState.STOPPED and worker.last_seen_at >= cutoff,
+                problem=worker.problem,
             )
         )
     return health

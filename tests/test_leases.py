@@ -324,9 +324,12 @@ def test_renew_stores_progress() -> None:
     leases.renew("worker-a", {lease: Progress(0.5)}, lease_duration=LEASE)
     assert (row(job.pk)["progress"], row(job.pk)["progress_message"]) == (0.5, "a quarter")
 
-    # Long messages are cut to the column's 255 characters.
+    # Long messages are cut to the column's 255 characters, with a marker.
     leases.renew("worker-a", {lease: Progress(0.75, "x" * 400)}, lease_duration=LEASE)
-    assert (row(job.pk)["progress"], row(job.pk)["progress_message"]) == (0.75, "x" * 255)
+    message = row(job.pk)["progress_message"]
+    assert row(job.pk)["progress"] == 0.75
+    assert len(message) == 255
+    assert message == "x" * 225 + "... [truncated 175 characters]"
 
 
 @db
@@ -600,8 +603,10 @@ def test_fail_cuts_long_error_messages() -> None:
     )
 
     (attempt,) = attempt_rows(job.pk)
-    assert attempt.error_message == "m" * leases.MAX_ERROR_LENGTH
-    assert row(job.pk)["last_error"] == "builtins.RuntimeError: " + "m" * leases.MAX_ERROR_LENGTH
+    cut = "m" * 1969 + "... [truncated 3031 characters]"
+    assert len(cut) == leases.MAX_ERROR_LENGTH
+    assert attempt.error_message == cut
+    assert row(job.pk)["last_error"] == "builtins.RuntimeError: " + cut
 
 
 @db

@@ -7,6 +7,7 @@ plain, picklable :class:`Outcome` (JSON result, or error class path + traceback)
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import traceback
@@ -17,7 +18,13 @@ from typing import Any
 from ..backend import live_result
 from ..compat import TaskContext, TaskResult
 from ..exceptions import InvalidTaskArguments, UnknownTask
-from ..leases import ClaimedJob, ErrorInfo, save_checkpoint
+from ..leases import (
+    MAX_PROGRESS_MESSAGE_LENGTH,
+    ClaimedJob,
+    ErrorInfo,
+    save_checkpoint,
+    storable_text,
+)
 from ..models import JobStatus
 from ..registry import resolve
 from ..serialization import json_value
@@ -86,9 +93,16 @@ class JobContext(TaskContext):  # type: ignore[misc]
         return self.lost_flag.is_set()
 
     def set_progress(self, fraction: float | None, message: str | None = None) -> None:
-        """Report progress (0..1) and a short message; sent with the next heartbeat."""
+        """Report progress (0..1) and a short message; sent with the next heartbeat.
+
+        The message is stored as text the database accepts (at most 255 characters; a
+        NUL or a lone surrogate is escaped, see ``leases.storable_text``).
+        """
         if fraction is not None:
-            fraction = min(max(float(fraction), 0.0), 1.0)
+            fraction = float(fraction)
+            fraction = min(max(fraction, 0.0), 1.0) if math.isfinite(fraction) else None
+        if message is not None:
+            message = storable_text(message, MAX_PROGRESS_MESSAGE_LENGTH)
         if self.progress_sink is not None:
             self.progress_sink(self.lease, fraction, message)
 
@@ -109,13 +123,20 @@ class JobContext(TaskContext):  # type: ignore[misc]
         self._state["checkpoint"] = value
 
 
-def _error(exc: BaseException) -> ErrorInfo:
+def error_info(exc: BaseException) -> ErrorInfo:
+    """How ``exc`` is stored. Never raises, whatever the exception does (a ``__str__``
+    that raises, NUL bytes, lone surrogates, a huge message or class path): ErrorInfo
+    makes each part storable."""
     kind = type(exc)
-    return ErrorInfo(
-        exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
-        message=str(exc),
-        traceback="".join(traceback.format_exception(exc)),
-    )
+    try:
+        path = f"{kind.__module__}.{kind.__qualname__}"
+    except Exception:
+        path = "builtins.BaseException"
+    try:
+        trace = "".join(traceback.format_exception(exc))
+    except Exception as format_error:
+        trace = f"<traceback unavailable: formatting it raised {type(format_error).__name__}>"
+    return ErrorInfo(exception_class_path=path, message=storable_text(exc), traceback=trace)
 
 
 def _task_result(spec: JobSpec, task: Any) -> TaskResult:
@@ -137,13 +158,17 @@ def execute(
     progress_sink: ProgressSink | None = None,
     lost_flag: threading.Event | None = None,
 ) -> Outcome:
-    """Run one attempt and describe how it ended. Never raises (but KeyboardInterrupt)."""
+    """Run one attempt and describe how it ended. Never raises: whatever the task raises
+    (``KeyboardInterrupt`` and ``SystemExit`` included) is that attempt's failure."""
     job = spec.job
     started = time.monotonic()
+    if job.problem is not None:
+        malformed = InvalidTaskArguments(f"job {job.id}: {job.problem}; nothing was called")
+        return Outcome(job.lease, ok=False, error=error_info(malformed), retryable=False)
     try:
         task = resolve(job.task_path)
     except UnknownTask as exc:
-        return Outcome(job.lease, ok=False, error=_error(exc), retryable=False)
+        return Outcome(job.lease, ok=False, error=error_info(exc), retryable=False)
     try:
         if task.takes_context:
             context = JobContext(
@@ -160,17 +185,17 @@ def execute(
         else:
             value = task.call(*job.args, **job.kwargs)
         result = json_value(value, "the task's return value")
-    except KeyboardInterrupt:
-        raise
     except InvalidTaskArguments as exc:
         # A return value that is not JSON will not become JSON on a retry.
         return Outcome(
             job.lease,
             ok=False,
-            error=_error(exc),
+            error=error_info(exc),
             retryable=False,
             duration=time.monotonic() - started,
         )
-    except BaseException as exc:
-        return Outcome(job.lease, ok=False, error=_error(exc), duration=time.monotonic() - started)
+    except BaseException as exc:  # KeyboardInterrupt and SystemExit too: the task's own
+        return Outcome(
+            job.lease, ok=False, error=error_info(exc), duration=time.monotonic() - started
+        )
     return Outcome(job.lease, ok=True, result=result, duration=time.monotonic() - started)

@@ -46,7 +46,19 @@ class _WorkerThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            self.loop()
+            while True:
+                try:
+                    self.loop()
+                    return
+                except Exception:  # a bug or a hostile value: log it, never die
+                    logger.exception(
+                        "%s thread failed; restarting it",
+                        self.name,
+                        extra={"worker": self.worker.worker_id},
+                    )
+                    self._reset_connection()
+                    if self.stop_event.wait(1.0):
+                        return
         finally:
             connections.close_all()
 
@@ -92,10 +104,26 @@ class Heartbeat(_WorkerThread):
                     )
                 for lease in result.cancel_requested:
                     worker.stop(lease, "cancelled", "an operator cancelled the job")
+                if result.skipped:
+                    # Locked by another transaction: not renewed this time, not lost either.
+                    # One that stays locked past the local deadline is stopped by the watchdog.
+                    logger.warning(
+                        "renewal skipped %d leases whose rows another transaction holds locked",
+                        len(result.skipped),
+                        extra={
+                            "worker": worker.worker_id,
+                            "count": len(result.skipped),
+                            "job_ids": sorted(job_id for job_id, _ in result.skipped),
+                        },
+                    )
             seen = (
                 WorkerRow.objects.using(worker.database)
                 .filter(pk=worker.worker_id)
-                .update(last_seen_at=Now(), state="stopping" if worker.stopping else "running")
+                .update(
+                    last_seen_at=Now(),
+                    state="stopping" if worker.stopping else "running",
+                    problem=worker.problem,
+                )
             )
             if not seen:  # the row was deleted (by an operator): put it back
                 worker.register()

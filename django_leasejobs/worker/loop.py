@@ -38,8 +38,7 @@ from django.utils.crypto import get_random_string
 from .. import registry
 from ..backend import STATUS_TO_RESULT, LeaseJobsBackend, live_result
 from ..compat import Task, TaskResult, task_backends, task_finished, task_started
-from ..exceptions import UnknownTask
-from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress
+from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress, storable_text
 from ..models import AttemptOutcome, JobStatus, WorkerState
 from ..models import Worker as WorkerRow
 from ..retry import Backoff
@@ -63,6 +62,9 @@ wait long behind others (jobs of 20 ms or longer are not prefetched at all)."""
 MAX_ROUND_WRITES = 500
 """Outcomes one round writes at most (the rest wait for the next round): keeps every
 statement well inside the databases' bound-parameter limits."""
+
+PROBLEM_MEMORY = 600.0
+"""How long a worker reports an attempt it gave up recording (on its registry row)."""
 
 PREFETCH_MAX_WAIT = 1.0
 """A prefetched job that waited this long for a slot (a long job came among short
@@ -104,6 +106,9 @@ class RunningJob:
     stop_detail: str = ""
     recording: bool = False
     """The main loop is writing this attempt's outcome: a renewal that misses it is no news."""
+    recording_since: float | None = None
+    """When the outcome was first queued for writing (monotonic): past the local lease
+    deadline the worker gives it up instead of renewing the lease for ever."""
 
 
 class Worker:
@@ -139,6 +144,10 @@ class Worker:
         self._mean_duration: float | None = None
         self._prefetch_paused = False
         self._writes: list[tuple[RunningJob, Any]] = []
+        self._round_problem = ""
+        self.given_up = 0
+        """Attempts whose outcome could not be recorded at all (left to the reaper)."""
+        self._last_give_up: tuple[float, str] | None = None
         """Outcomes to record, written in batches by the next database round."""
         self._round: tuple[RoundPlan, Future[RoundResult]] | None = None
         self._db: ThreadPoolExecutor
@@ -517,16 +526,13 @@ class Worker:
         del self._writes[:MAX_ROUND_WRITES]
         plan = RoundPlan(claim_limit=claim_limit)
         now = time.monotonic()
+        deadline = self.options.local_lease_deadline
         for running, what in writes:
-            if now - running.last_renewed > self.options.local_lease_deadline:
-                job = running.job
-                logger.error(
-                    "giving up recording job %s attempt %s: its lease is presumed lost",
-                    job.id,
-                    job.attempt,
-                    extra=self._log_extra(job),
-                )
-                self._forget(running)
+            if now - running.last_renewed > deadline:
+                self._give_up(running, "its lease is presumed lost (no renewal in time)")
+                continue
+            if running.recording_since is not None and now - running.recording_since > deadline:
+                self._give_up(running, f"its outcome could not be written for {deadline:g}s")
                 continue
             kind = _kind_of_write(what)
             if kind == "success":
@@ -548,28 +554,25 @@ class Worker:
         self._round = None
         result: RoundResult = future.result()
         requeue: list[tuple[RunningJob, Any]] = []
-        if result.completed is None:
-            requeue += plan.successes
-        else:
-            for running, outcome in plan.successes:
-                self._after_success(running, outcome, running.job.lease in result.completed)
-        if result.failed is None:
-            requeue += [(running, what) for running, what, _, _ in plan.failures]
-        else:
-            for running, _, failure, duration in plan.failures:
-                status = result.failed.get(running.job.lease)
-                if status is None:
-                    self._lost_on_write(running, "fail")
-                else:
-                    self._after_failure(
-                        running, status, failure.error, duration, failure.retry_delay
-                    )
-                    self._forget(running)
+        for running, outcome in plan.successes:
+            if not result.wrote_successes or running.job.lease in result.skipped:
+                requeue.append((running, outcome))
+            else:
+                self._guarded(running, self._after_success_write, running, outcome, result)
+        for running, what, failure, duration in plan.failures:
+            if not result.wrote_failures or running.job.lease in result.skipped:
+                requeue.append((running, what))
+            else:
+                self._guarded(
+                    running, self._after_failure_write, running, failure, duration, result
+                )
         for index, (running, what) in enumerate(plan.singles):
             if index >= len(result.singles_done):
                 requeue.append((running, what))
             elif result.singles_done[index]:
-                self._after_single(running, what[0])
+                self._guarded(running, self._after_single, running, what[0])
+            elif running.job.lease in result.unwritable:
+                self._give_up(running, result.unwritable[running.job.lease])
             else:
                 self._lost_on_write(running, "release" if what[0] == "shutdown" else "cancel")
         if result.unclaimed is None:
@@ -583,14 +586,96 @@ class Worker:
             self._db_failures += 1
             delay = min(5.0, 0.2 * 2**self._db_failures) * random.uniform(0.8, 1.2)  # noqa: S311
             self._retry_at = time.monotonic() + delay
+            error = storable_text(result.error, 500)
+            self._round_problem = f"database rounds failing ({self._db_failures} in a row): {error}"
             logger.warning(
                 "database error in the worker (attempt %d), reconnecting: %s",
                 self._db_failures,
-                result.error,
-                extra={"worker": self.worker_id, "error": str(result.error)},
+                error,
+                extra={"worker": self.worker_id, "error": error},
             )
         else:
             self._db_failures = 0
+            self._round_problem = ""
+
+    def _after_success_write(
+        self, running: RunningJob, outcome: Outcome, result: RoundResult
+    ) -> None:
+        lease = running.job.lease
+        if lease in result.unwritable:
+            self._give_up(running, result.unwritable[lease])
+        elif lease in result.replaced:
+            self._after_failure(
+                running, result.statuses[lease], result.replaced[lease], outcome.duration, None
+            )
+            self._forget(running)
+        else:
+            self._after_success(running, outcome, lease in result.statuses)
+
+    def _after_failure_write(
+        self, running: RunningJob, failure: Failure, duration: float, result: RoundResult
+    ) -> None:
+        lease = running.job.lease
+        status = result.statuses.get(lease)
+        if lease in result.unwritable:
+            self._give_up(running, result.unwritable[lease])
+        elif status is None:
+            self._lost_on_write(running, "fail")
+        else:
+            error = result.replaced.get(lease, failure.error)
+            self._after_failure(running, status, error, duration, failure.retry_delay)
+            self._forget(running)
+
+    def _give_up(self, running: RunningJob, why: str) -> None:
+        """Stop renewing an attempt whose outcome cannot be recorded at all.
+
+        The heartbeat no longer renews it, so its lease expires and the reaper takes
+        the job back (a stall), exactly as if this worker had died with it.
+        """
+        job = running.job
+        self.given_up += 1
+        self._last_give_up = (time.monotonic(), f"job {job.id} attempt {job.attempt}: {why}")
+        logger.error(
+            "could not record job %s attempt %s (%s); no longer renewing its lease, "
+            "the reaper takes it back when it expires",
+            job.id,
+            job.attempt,
+            why,
+            extra=self._log_extra(job, error=why),
+        )
+        self._forget(running)
+
+    @property
+    def problem(self) -> str:
+        """What keeps this worker from working normally, '' when nothing: failing
+        database rounds, and attempts it gave up recording in the last
+        ``PROBLEM_MEMORY`` seconds. The heartbeat puts it on the worker's registry row
+        (admin, ``leasejobs_status``)."""
+        parts = [self._round_problem] if self._round_problem else []
+        if self._last_give_up is not None:
+            when, what = self._last_give_up
+            if time.monotonic() - when < PROBLEM_MEMORY:
+                parts.append(
+                    f"gave up recording {self.given_up} attempt(s) since it started "
+                    f"(the reaper takes them back); last: {what}"
+                )
+        return storable_text("; ".join(parts), 2000)
+
+    def _guarded(self, running: RunningJob, step: Any, *args: Any) -> None:
+        """Run one job's bookkeeping step; whatever it raises stays with that job."""
+        try:
+            step(*args)
+        except Exception as exc:
+            job = running.job
+            error = storable_text(exc, 500)
+            logger.exception(
+                "bookkeeping of job %s attempt %s failed: %s",
+                job.id,
+                job.attempt,
+                error,
+                extra=self._log_extra(job, error=error),
+            )
+            self._forget(running)
 
     def _take_claimed(self, claimed: list[ClaimedJob], limit: int) -> None:
         now = time.monotonic()
@@ -602,7 +687,7 @@ class Worker:
         for job in claimed:
             try:
                 task: Task | None = registry.resolve(job.task_path)
-            except UnknownTask:
+            except Exception:  # UnknownTask, or a module that fails to import
                 task = None  # the slot reports the clear error; nothing is called
             running = RunningJob(job=job, task=task, started=now, last_renewed=now)
             with self.lock:
@@ -622,7 +707,15 @@ class Worker:
             if stopped:
                 self._job_stopped(running, "was stopped before it started")
                 continue
-            self._announce_start(running)
+            try:
+                self._announce_start(running)
+            except Exception as exc:  # the job runs all the same
+                logger.exception(
+                    "announcing the start of job %s failed: %s",
+                    running.job.id,
+                    storable_text(exc, 500),
+                    extra=self._log_extra(running.job),
+                )
             self.pool.submit(
                 JobSpec(
                     job=running.job,
@@ -762,6 +855,8 @@ class Worker:
         """Queue how an attempt ended; the next database round writes it (fenced)."""
         with self.lock:
             running.recording = True
+            if running.recording_since is None:
+                running.recording_since = time.monotonic()
         self._writes.append((running, what))
 
     # ------------------------------------------------------------------ after a round
@@ -847,11 +942,14 @@ class Worker:
 
     def _retry_delay(self, running: RunningJob) -> float:
         policy: Backoff | None = None
-        if running.job.retry_backoff is not None:
-            policy = Backoff.from_value(running.job.retry_backoff)
-        elif running.task is not None:
-            policy = getattr(running.task, "retry_backoff", None)
-        return (policy or self.options.retry_backoff).delay(running.job.attempt)
+        try:
+            if running.job.retry_backoff is not None:
+                policy = Backoff.from_value(running.job.retry_backoff)
+            elif running.task is not None:
+                policy = getattr(running.task, "retry_backoff", None)
+            return (policy or self.options.retry_backoff).delay(running.job.attempt)
+        except Exception:  # a bad stored policy must not stop the worker: use the backend's
+            return self.options.retry_backoff.delay(running.job.attempt)
 
     def _after_failure(
         self,

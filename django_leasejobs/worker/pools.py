@@ -25,7 +25,7 @@ from typing import Any, Literal
 from django.db import connections
 
 from .child import MSG_OUTCOME, MSG_PROGRESS, child_main
-from .execution import JobSpec, Outcome, execute
+from .execution import JobSpec, Outcome, error_info, execute
 
 logger = logging.getLogger("django_leasejobs")
 
@@ -331,8 +331,11 @@ class ThreadPool:
 
             try:
                 outcome = execute(spec, progress_sink=progress, lost_flag=flag)
+            except BaseException as exc:  # execute() never raises; if it did, not the slot
+                outcome = Outcome(lease, ok=False, error=error_info(exc))
             finally:
-                connections.close_all()
+                with contextlib.suppress(Exception):
+                    connections.close_all()
             self._events.put(outcome)
             self._wake()
 

@@ -7,6 +7,12 @@ prefetched jobs and collecting their outcomes for the next round. One round runs
 at a time, so outcomes are written in batches: every success of a round in one
 fenced UPDATE, every failure in one fenced UPDATE plus one INSERT of attempt rows.
 
+Bulkheads: a batch the database refuses for a reason other than the connection (a
+value it cannot store, say) is written again row by row, so one job's bad outcome
+stays with that job; an outcome refused even alone is recorded as a failure of its
+attempt that says why (``OutcomeNotStored``), and if even that is refused the
+attempt is given up. Only connection-level errors end a round.
+
 This module only calls the lease protocol; it knows nothing of slots or signals.
 """
 
@@ -17,11 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connections
+from django.db import InterfaceError, OperationalError, connections
 
 from .. import leases
 from ..exceptions import LeaseLost
-from ..leases import ClaimedJob, Completion, Failure
+from ..leases import ClaimedJob, Completion, ErrorInfo, Failure, WriteResult, storable_text
 
 if TYPE_CHECKING:
     from .loop import RunningJob
@@ -50,15 +56,28 @@ class RoundPlan:
 
 @dataclass(eq=False)
 class RoundResult:
-    """What the database said. ``None`` = that step did not run (a database error first)."""
+    """What the database said about one round.
 
-    completed: frozenset[Lease] | None = None
-    failed: dict[Lease, str] | None = None
+    A write step that did not run (a connection-level error came first) leaves its
+    ``wrote_*`` flag False: its outcomes are queued again. Within a step that ran, a
+    lease is in exactly one of ``statuses`` (written: the job's new status),
+    ``skipped`` (its row was locked elsewhere: write it again later),
+    ``unwritable`` (the database refused even the fallback record: give it up) or
+    none of them (the lease was lost).
+    """
+
+    wrote_successes: bool = False
+    wrote_failures: bool = False
+    statuses: dict[Lease, str] = field(default_factory=dict)
+    replaced: dict[Lease, ErrorInfo] = field(default_factory=dict)
+    """Outcomes the database refused as they were, recorded as this failure instead."""
+    skipped: set[Lease] = field(default_factory=set)
+    unwritable: dict[Lease, str] = field(default_factory=dict)
     singles_done: list[bool] = field(default_factory=list)
     """Per single transition, in order: True = written, False = the lease was lost."""
     unclaimed: frozenset[Lease] | None = None
     claimed: list[ClaimedJob] | None = None
-    error: DatabaseError | None = None
+    error: Exception | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +89,24 @@ class RoundContext:
     lease_duration: float
 
 
+def is_connection_error(exc: BaseException) -> bool:
+    """True when ``exc`` says the database (or the path to it) failed, not the data.
+
+    Such errors end the round and are retried as a whole after a pause. Any other
+    error raised while writing a batch is about a row: the batch is then written row
+    by row, so the offending row is isolated and everything else is recorded.
+    """
+    return isinstance(exc, OperationalError | InterfaceError)
+
+
 def run_round(plan: RoundPlan, ctx: RoundContext) -> RoundResult:
-    """Run one round in the worker's database thread. Never raises a DatabaseError."""
+    """Run one round in the worker's database thread. Never raises."""
     result = RoundResult()
     try:
         _write_and_claim(plan, ctx, result)
-    except DatabaseError as exc:
+    except Exception as exc:  # connection-level (or a bug): the round is retried whole
         result.error = exc
-        with contextlib.suppress(DatabaseError):
+        with contextlib.suppress(Exception):
             connections[ctx.database].close()  # this thread's connection: reconnect next time
     return result
 
@@ -86,10 +115,11 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
     worker, using = ctx.worker_id, ctx.database
     if plan.successes:
         completions = [Completion(r.job.id, r.job.attempt, o.result) for r, o in plan.successes]
-        result.completed = leases.complete_many(worker, completions, using=using)
+        _write_successes(completions, ctx, result)
+        result.wrote_successes = True
     if plan.failures:
-        failures = [failure for _, _, failure, _ in plan.failures]
-        result.failed = leases.fail_many(worker, failures, using=using)
+        _write_failures([failure for _, _, failure, _ in plan.failures], ctx, result)
+        result.wrote_failures = True
     for running, (kind, _description) in plan.singles:
         job = running.job
         try:
@@ -98,6 +128,11 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
             else:
                 leases.mark_cancelled(job.id, job.attempt, worker, using=using)
         except LeaseLost:
+            result.singles_done.append(False)
+        except Exception as exc:
+            if is_connection_error(exc):
+                raise
+            result.unwritable[job.lease] = _describe(exc)
             result.singles_done.append(False)
         else:
             result.singles_done.append(True)
@@ -113,3 +148,79 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
             queues=ctx.queues,
             using=using,
         )
+
+
+def _note(result: RoundResult, written: WriteResult) -> None:
+    result.statuses.update(written.written)
+    result.skipped.update(written.skipped)
+
+
+def _write_successes(
+    completions: Sequence[Completion], ctx: RoundContext, result: RoundResult
+) -> None:
+    """All successes in one statement; if the database refuses the batch, row by row,
+    and a result it refuses is recorded as a failure of that attempt saying why."""
+    try:
+        _note(result, leases.complete_many(ctx.worker_id, completions, using=ctx.database))
+        return
+    except Exception as exc:
+        if is_connection_error(exc):
+            raise
+    for completion in completions:
+        try:
+            _note(result, leases.complete_many(ctx.worker_id, [completion], using=ctx.database))
+        except Exception as exc:
+            if is_connection_error(exc):
+                raise
+            error = ErrorInfo(
+                "django_leasejobs.exceptions.OutcomeNotStored",
+                f"the task returned, but the database refused its result: {_describe(exc)}",
+            )
+            failure = Failure(completion.job_id, completion.attempt, error, None)
+            _write_fallback(failure, ctx, result)
+
+
+def _write_failures(failures: Sequence[Failure], ctx: RoundContext, result: RoundResult) -> None:
+    """All failures in one transaction; if the database refuses it, row by row, and an
+    error it refuses is replaced by one saying why."""
+    try:
+        _note(result, leases.fail_many(ctx.worker_id, failures, using=ctx.database))
+        return
+    except Exception as exc:
+        if is_connection_error(exc):
+            raise
+    for failure in failures:
+        try:
+            _note(result, leases.fail_many(ctx.worker_id, [failure], using=ctx.database))
+        except Exception as exc:
+            if is_connection_error(exc):
+                raise
+            error = ErrorInfo(
+                "django_leasejobs.exceptions.OutcomeNotStored",
+                f"the attempt failed ({failure.error.exception_class_path}), but the database "
+                f"refused its error: {_describe(exc)}",
+            )
+            replacement = Failure(
+                failure.job_id, failure.attempt, error, failure.retry_delay, failure.outcome
+            )
+            _write_fallback(replacement, ctx, result)
+
+
+def _write_fallback(failure: Failure, ctx: RoundContext, result: RoundResult) -> None:
+    """The last resort for one attempt: a failure whose text is our own. If even that is
+    refused, the attempt is given up (the worker stops renewing it; the reaper takes it
+    back when its lease expires)."""
+    try:
+        written = leases.fail_many(ctx.worker_id, [failure], using=ctx.database)
+    except Exception as exc:
+        if is_connection_error(exc):
+            raise
+        result.unwritable[failure.lease] = _describe(exc)
+        return
+    _note(result, written)
+    if failure.lease in written.written:
+        result.replaced[failure.lease] = failure.error
+
+
+def _describe(exc: BaseException) -> str:
+    return storable_text(f"{type(exc).__name__}: {storable_text(exc)}", 500)

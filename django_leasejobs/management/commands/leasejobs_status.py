@@ -43,6 +43,13 @@ class Command(BaseCommand):
             default=None,
             help="Exit 1 when more running jobs than this are past their lease.",
         )
+        parser.add_argument(
+            "--max-worker-problems",
+            type=non_negative_int,
+            default=None,
+            help="Exit 1 when more online workers than this report a problem (outcomes "
+            "they cannot record, failing database rounds).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         backend = get_leasejobs_backend(options["backend"])
@@ -76,6 +83,15 @@ class Command(BaseCommand):
         if options["max_expired"] is not None and totals.expired > options["max_expired"]:
             problems.append(
                 f"{totals.expired} running jobs past their lease (> {options['max_expired']})"
+            )
+        troubled = health.troubled_workers
+        if (
+            options["max_worker_problems"] is not None
+            and len(troubled) > options["max_worker_problems"]
+        ):
+            problems.append(
+                f"{len(troubled)} online workers report problems "
+                f"(> {options['max_worker_problems']})"
             )
         return problems
 
@@ -123,5 +139,7 @@ class Command(BaseCommand):
             f"\nworkers online: {health.workers_online}   running jobs listed: "
             f"{len(health.running)}   database time: {health.now:%Y-%m-%d %H:%M:%S}"
         )
+        for worker in health.troubled_workers:
+            self.stdout.write(f"worker {worker.id} reports: {worker.problem}")
         for problem in problems:
             self.stderr.write(f"PROBLEM: {problem}")
