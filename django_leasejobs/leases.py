@@ -480,6 +480,17 @@ def copy_jobs(jobs: Sequence[NewJob], *, using: str = "default") -> tuple[list[i
     return ids, now
 
 
+def notify(channel: str, queues: Iterable[str], *, using: str = "default") -> None:
+    """``pg_notify(channel, queue)`` once per distinct queue (PostgreSQL; elsewhere nothing:
+    workers there find new jobs by polling). Inside a transaction PostgreSQL delivers the
+    notifications on commit only."""
+    if _vendor(using) != "postgresql":
+        return
+    with connections[using].cursor() as cursor:
+        for queue in sorted(set(queues)):
+            cursor.execute("SELECT pg_notify(%s, %s)", [channel, queue])
+
+
 def database_now(using: str = "default") -> datetime:
     """The database's clock, as an aware UTC datetime (the clock every lease uses)."""
     vendor = _vendor(using)

@@ -41,7 +41,12 @@ def reap_once(
                 "duration": round(duration, 6),
             },
         )
-    from .backend import LeaseJobsBackend  # the documented sender of every signal
+    from .backend import NOTIFY_CHANNEL, LeaseJobsBackend  # the documented sender of signals
+
+    # Wake idle workers at once for the jobs put back (they keep their place in the order).
+    leases.notify(
+        NOTIFY_CHANNEL, (job.queue for job in reaped if job.status == "pending"), using=using
+    )
 
     for job in reaped:
         logger.info(

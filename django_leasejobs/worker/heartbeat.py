@@ -25,8 +25,10 @@ from django.db import DatabaseError, connections
 from django.db.models.functions import Now
 
 from .. import leases
+from ..leases import storable_text
 from ..models import Worker as WorkerRow
 from ..reaper import reap_once
+from .rounds import is_connection_error
 
 if TYPE_CHECKING:
     from .loop import Worker
@@ -85,12 +87,7 @@ class Heartbeat(_WorkerThread):
             }
         try:
             if wanted:
-                result = leases.renew(
-                    worker.worker_id,
-                    wanted,
-                    lease_duration=worker.options.lease_duration,
-                    using=worker.database,
-                )
+                result = self._renew(wanted)
                 now = time.monotonic()
                 with worker.lock:
                     for lease in result.held:
@@ -134,6 +131,32 @@ class Heartbeat(_WorkerThread):
                 extra={"worker": worker.worker_id, "count": len(wanted), "error": str(exc)},
             )
             self._reset_connection()
+
+    def _renew(self, wanted: dict[tuple[int, int], leases.Progress | None]) -> leases.RenewResult:
+        """Renew with the jobs' progress; if the database refuses that for a reason other
+        than the connection, renew without it: no job's progress may cost the leases."""
+        worker = self.worker
+        try:
+            return leases.renew(
+                worker.worker_id,
+                wanted,
+                lease_duration=worker.options.lease_duration,
+                using=worker.database,
+            )
+        except Exception as exc:
+            if is_connection_error(exc):
+                raise
+            logger.warning(
+                "renewal with progress refused (%s); renewing without progress",
+                storable_text(exc, 500),
+                extra={"worker": worker.worker_id, "count": len(wanted)},
+            )
+        return leases.renew(
+            worker.worker_id,
+            list(wanted),
+            lease_duration=worker.options.lease_duration,
+            using=worker.database,
+        )
 
 
 class Watchdog(_WorkerThread):

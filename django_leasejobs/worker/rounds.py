@@ -200,9 +200,8 @@ def _write_failures(failures: Sequence[Failure], ctx: RoundContext, result: Roun
                 f"the attempt failed ({failure.error.exception_class_path}), but the database "
                 f"refused its error: {_describe(exc)}",
             )
-            replacement = Failure(
-                failure.job_id, failure.attempt, error, failure.retry_delay, failure.outcome
-            )
+            # Not retried: what the database refused once it would refuse again.
+            replacement = Failure(failure.job_id, failure.attempt, error, None, failure.outcome)
             _write_fallback(replacement, ctx, result)
 
 
