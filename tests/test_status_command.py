@@ -257,6 +257,31 @@ def test_max_expired() -> None:
 
 
 @DB
+def test_max_worker_problems() -> None:
+    make_worker(WORKER)
+    make_worker("host-s:1:quiet")
+    make_worker("host-s:2:gone", seen_ago=3600, problem="an old problem of a gone worker")
+    out, _ = status("--max-worker-problems", "0")
+    assert "reports:" not in out
+
+    Worker.objects.filter(pk=WORKER).update(
+        problem="gave up recording 1 attempt(s) since it started; last: job 7 attempt 1: x"
+    )
+
+    error, out, err = status_problem("--max-worker-problems", "0")
+    assert error.returncode == 1
+    assert str(error) == "1 online workers report problems (> 0)"
+    assert f"worker {WORKER} reports: gave up recording 1 attempt(s)" in out
+    assert "gone" not in out  # only online workers count
+    assert "PROBLEM: 1 online workers report problems (> 0)" in err
+    status("--max-worker-problems", "1")
+    data = json.loads(status("--json")[0])
+    problems = {w["id"]: w["problem"] for w in data["workers"]}
+    assert problems[WORKER].startswith("gave up recording")
+    assert problems["host-s:1:quiet"] == ""
+
+
+@DB
 def test_every_problem_is_reported_and_json_lists_them() -> None:
     dead_job()
     expired_job()
