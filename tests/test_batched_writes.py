@@ -56,7 +56,6 @@ Lease = tuple[int, int]
 T = TypeVar("T")
 
 
-
 def complete_many(worker: str, completions: Any) -> frozenset[tuple[int, int]]:
     """The leases ``leases.complete_many`` wrote (none of these tests lock rows elsewhere)."""
     result = leases.complete_many(worker, completions)
