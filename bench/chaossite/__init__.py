@@ -1,0 +1,1 @@
+"""The Django project in which bench/chaos.py runs its workers under faults."""
