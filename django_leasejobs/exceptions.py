@@ -24,6 +24,20 @@ class LeaseLost(Exception):
         )
 
 
+class RowLocked(Exception):
+    """Another transaction holds this attempt's row locked: the lease holder's write was
+    not made (it never waits for a row lock). The attempt is still held; try again."""
+
+    def __init__(self, job_id: int, attempt: int, transition: str) -> None:
+        self.job_id = job_id
+        self.attempt = attempt
+        self.transition = transition
+        super().__init__(
+            f"{transition} of job {job_id} attempt {attempt} not written: another "
+            "transaction holds the row locked"
+        )
+
+
 class InvalidTaskArguments(InvalidTask, TypeError):
     """Task arguments (or a result) that cannot be stored as JSON."""
 

@@ -42,7 +42,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Now
 
-from .exceptions import LeaseLost
+from .exceptions import LeaseLost, RowLocked
 from .models import AttemptOutcome, Job, JobAttempt, JobStatus
 from .retry import backoff_problems
 
@@ -1128,8 +1128,14 @@ def _end_attempt(
     run_after: Any,
     finished_at: Any,
 ) -> str:
-    """The fenced UPDATE ending an attempt that did not succeed, plus its attempt row."""
+    """The fenced UPDATE ending an attempt that did not succeed, plus its attempt row.
+
+    Where the database has ``SKIP LOCKED``, the row is locked first without waiting:
+    :class:`RowLocked` when another transaction holds it (nothing written; try again),
+    :class:`LeaseLost` when it is not this attempt's any more.
+    """
     with transaction.atomic(using=using):
+        _lock_without_waiting(job_id, attempt, worker_id, transition, using)
         changed = _fenced(job_id, attempt, worker_id, using).update(
             status=status,
             run_after=run_after,
@@ -1146,6 +1152,20 @@ def _end_attempt(
             Job.objects.using(using).filter(pk=job_id).values_list("status", flat=True).get()
         )
     return str(new_status)
+
+
+def _lock_without_waiting(
+    job_id: int, attempt: int, worker_id: str, transition: str, using: str
+) -> None:
+    """Inside a transaction: lock the attempt's row, never waiting for another lock."""
+    if not connections[using].features.has_select_for_update_skip_locked:
+        return  # SQLite: writers are serialised, there are no row locks to wait for
+    mine = _fenced(job_id, attempt, worker_id, using)
+    if list(mine.select_for_update(skip_locked=True).values_list("pk", flat=True)):
+        return
+    if mine.exists():
+        raise RowLocked(job_id, attempt, transition)
+    raise LeaseLost(job_id, attempt, worker_id, transition)
 
 
 def _insert_attempt_rows(

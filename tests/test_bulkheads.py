@@ -24,6 +24,7 @@ from django.db import connection, connections, transaction
 from django.db.models import JSONField, Value
 
 from django_leasejobs import leases
+from django_leasejobs.exceptions import LeaseLost, RowLocked
 from django_leasejobs.leases import Completion, ErrorInfo, Failure, Progress, storable_text
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
 from django_leasejobs.worker.execution import Outcome
@@ -434,3 +435,33 @@ def test_a_released_job_keeps_its_place_too() -> None:
     leases.release(first.pk, claimed.attempt, WORKER)
     assert claim_one("worker-new").id == first.pk
     assert claim_one("worker-new").id == backlog[0]
+
+
+@postgresql_only
+@db
+def test_release_and_cancel_never_wait_for_a_row_locked_elsewhere() -> None:
+    released, cancelled = (claim_one(WORKER, job_id) for job_id in make_jobs(2))
+    with locked_elsewhere(released.id), locked_elsewhere(cancelled.id):
+        with pytest.raises(RowLocked):
+            leases.release(released.id, released.attempt, WORKER)
+        with pytest.raises(RowLocked):
+            leases.mark_cancelled(cancelled.id, cancelled.attempt, WORKER)
+        plan = RoundPlan(
+            singles=[
+                (_running(released), ("shutdown", "")),
+                (_running(cancelled), ("cancelled", "")),
+            ]
+        )
+        result = run_round(plan, CTX)
+        assert result.error is None
+        assert result.skipped == {released.lease, cancelled.lease}
+    for c in (released, cancelled):
+        assert (row(c.id)["status"], row(c.id)["locked_by"]) == (JobStatus.RUNNING, WORKER)
+        assert not JobAttempt.objects.filter(job_id=c.id).exists()
+    # With the locks gone, both land; a stranger's release is still LeaseLost.
+    leases.release(released.id, released.attempt, WORKER)
+    leases.mark_cancelled(cancelled.id, cancelled.attempt, WORKER)
+    assert row(released.id)["status"] == JobStatus.PENDING
+    assert row(cancelled.id)["status"] == JobStatus.CANCELLED
+    with pytest.raises(LeaseLost):
+        leases.release(released.id, released.attempt, WORKER)

@@ -79,11 +79,18 @@ class Heartbeat(_WorkerThread):
 
     def beat(self) -> None:
         worker = self.worker
+        # An outcome that could not be written for this long is not renewed any more: the
+        # lease runs out and the reaper takes the job back (the worker gives it up).
+        unrecorded_since = time.monotonic() - worker.options.local_lease_deadline
         with worker.lock:
             wanted = {
                 lease: running.progress
                 for lease, running in worker.running.items()
                 if running.stop_reason is None
+                and (running.recording_since is None or running.recording_since > unrecorded_since)
+            }
+            being_written = {
+                lease for lease, running in worker.running.items() if running.recording
             }
         try:
             if wanted:
@@ -101,16 +108,18 @@ class Heartbeat(_WorkerThread):
                     )
                 for lease in result.cancel_requested:
                     worker.stop(lease, "cancelled", "an operator cancelled the job")
-                if result.skipped:
-                    # Locked by another transaction: not renewed this time, not lost either.
-                    # One that stays locked past the local deadline is stopped by the watchdog.
+                # Locked by another transaction: not renewed this time, not lost either; one
+                # that stays locked past the local deadline is stopped by the watchdog. (Rows
+                # this worker's own database thread is writing right now are no news.)
+                foreign = result.skipped - being_written
+                if foreign:
                     logger.warning(
                         "renewal skipped %d leases whose rows another transaction holds locked",
-                        len(result.skipped),
+                        len(foreign),
                         extra={
                             "worker": worker.worker_id,
-                            "count": len(result.skipped),
-                            "job_ids": sorted(job_id for job_id, _ in result.skipped),
+                            "count": len(foreign),
+                            "job_ids": sorted(job_id for job_id, _ in foreign),
                         },
                     )
             seen = (

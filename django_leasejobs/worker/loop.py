@@ -567,7 +567,7 @@ class Worker:
                     running, self._after_failure_write, running, failure, duration, result
                 )
         for index, (running, what) in enumerate(plan.singles):
-            if index >= len(result.singles_done):
+            if index >= len(result.singles_done) or running.job.lease in result.skipped:
                 requeue.append((running, what))
             elif result.singles_done[index]:
                 self._guarded(running, self._after_single, running, what[0])

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import InterfaceError, OperationalError, connections
 
 from .. import leases
-from ..exceptions import LeaseLost
+from ..exceptions import LeaseLost, RowLocked
 from ..leases import ClaimedJob, Completion, ErrorInfo, Failure, WriteResult, storable_text
 
 if TYPE_CHECKING:
@@ -128,6 +128,9 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
             else:
                 leases.mark_cancelled(job.id, job.attempt, worker, using=using)
         except LeaseLost:
+            result.singles_done.append(False)
+        except RowLocked:
+            result.skipped.add(job.lease)
             result.singles_done.append(False)
         except Exception as exc:
             if is_connection_error(exc):
