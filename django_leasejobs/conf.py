@@ -27,7 +27,24 @@ E_LOCK_LOST_BEHAVIOR = "leasejobs.E003"
 E_HEARTBEAT_NOT_BELOW_LEASE = "leasejobs.E004"
 E_UNKNOWN_DATABASE = "leasejobs.E005"
 E_DATABASE_FEATURES = "leasejobs.E006"
+E_DURATION_TOO_LONG = "leasejobs.E007"
 W_HEARTBEAT_TOO_SLOW = "leasejobs.W001"
+W_LEASE_TOO_SHORT = "leasejobs.W002"
+W_POLL_TOO_FAST = "leasejobs.W003"
+W_HEARTBEAT_TOO_FAST = "leasejobs.W004"
+
+MAX_SECONDS = 2_147_483.647
+"""Longest duration of any option: 2**31 - 1 milliseconds (about 24.8 days).
+
+The worker hands its timings to C APIs that take a signed 32-bit number of
+milliseconds: libpq's ``tcp_user_timeout`` (one lease) and ``poll(2)`` (its waits).
+"""
+MIN_LEASE_DURATION = 1.0
+"""Below this (seconds), a warning: every worker would renew (commit) several times a second."""
+MIN_HEARTBEAT_INTERVAL = 0.1
+"""Below this (seconds), a warning: more than ten renewals (commits) a second per worker."""
+MIN_POLL_INTERVAL = 0.05
+"""Below this (seconds), a warning: an idle worker would query for work over 20 times a second."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +89,21 @@ _NUMBERS: dict[str, tuple[str, type, float, bool]] = {
 }
 KNOWN_OPTIONS = frozenset({*_NUMBERS, "RETRY_BACKOFF", "LOCK_LOST_BEHAVIOR", "DATABASE", "IMPORTS"})
 
+# What a duration above MAX_SECONDS breaks, per option.
+_TOO_LONG_BREAKS = {
+    "LEASE_DURATION": (
+        "the worker sets libpq's tcp_user_timeout to one lease in milliseconds, which libpq "
+        "refuses above 2,147,483,647, so the worker could never connect"
+    ),
+    "POLL_INTERVAL": (
+        "an idle worker waits in poll(2), which takes at most 2,147,483,647 milliseconds"
+    ),
+}
+_TOO_LONG_DEFAULT = (
+    "every duration shares the limit of the worker's millisecond timeouts "
+    "(libpq's tcp_user_timeout, poll(2))"
+)
+
 
 def _number_problem(name: str, value: Any, kind: type, minimum: float, exclusive: bool) -> str:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -83,6 +115,46 @@ def _number_problem(name: str, value: Any, kind: type, minimum: float, exclusive
     if (exclusive and value <= minimum) or (not exclusive and value < minimum):
         return f"{name} must be {'>' if exclusive else '>='} {minimum:g}, got {value!r}"
     return ""
+
+
+def _timing_warnings(options: Options) -> list[Problem]:
+    """Valid but wasteful timings: each makes every worker hit the database many times a second."""
+    found = []
+    if options.lease_duration < MIN_LEASE_DURATION:
+        found.append(
+            Problem(
+                W_LEASE_TOO_SHORT,
+                f"LEASE_DURATION ({options.lease_duration:g}s) is below {MIN_LEASE_DURATION:g} s: "
+                "heartbeats must come several times per lease, so every worker would renew "
+                "(one UPDATE and commit) several times a second, and a pause of a fraction of "
+                "a second (garbage collection, a slow query) would lose its leases.",
+                hint="Use a LEASE_DURATION of a few seconds or more (default 30).",
+                warning=True,
+            )
+        )
+    if options.heartbeat_interval < MIN_HEARTBEAT_INTERVAL:
+        found.append(
+            Problem(
+                W_HEARTBEAT_TOO_FAST,
+                f"HEARTBEAT_INTERVAL ({options.heartbeat_interval:g}s) is below "
+                f"{MIN_HEARTBEAT_INTERVAL:g} s: every worker would renew its leases (one "
+                "UPDATE and commit) more than ten times a second.",
+                hint="Use about a third of LEASE_DURATION (default 10 s for 30 s leases).",
+                warning=True,
+            )
+        )
+    if options.poll_interval < MIN_POLL_INTERVAL:
+        found.append(
+            Problem(
+                W_POLL_TOO_FAST,
+                f"POLL_INTERVAL ({options.poll_interval:g}s) is below {MIN_POLL_INTERVAL:g} s: "
+                "every idle worker would query for work more than twenty times a second. "
+                "Enqueues on PostgreSQL wake idle workers at once anyway (LISTEN/NOTIFY).",
+                hint="Use a POLL_INTERVAL of 0.1 s or more (default 1 s).",
+                warning=True,
+            )
+        )
+    return found
 
 
 def parse_options(
@@ -108,12 +180,25 @@ def parse_options(
             )
         )
 
+    rejected: set[str] = set()
     for name, (attr, kind, minimum, exclusive) in _NUMBERS.items():
         if name not in raw:
             continue
         message = _number_problem(name, raw[name], kind, minimum, exclusive)
         if message:
             problems.append(Problem(E_BAD_VALUE, message))
+            rejected.add(name)
+        elif kind is float and raw[name] > MAX_SECONDS:
+            breaks = _TOO_LONG_BREAKS.get(name, _TOO_LONG_DEFAULT)
+            problems.append(
+                Problem(
+                    E_DURATION_TOO_LONG,
+                    f"{name} ({raw[name]:g}s) is longer than {MAX_SECONDS:,} s (2**31 - 1 "
+                    f"milliseconds, about 24.8 days): {breaks}.",
+                    hint=f"Keep {name} at most {MAX_SECONDS:,} seconds.",
+                )
+            )
+            rejected.add(name)
         else:
             values[attr] = kind(raw[name])
 
@@ -162,18 +247,22 @@ def parse_options(
             )
 
     options = Options(**values)
+    problems.extend(_timing_warnings(options))
+    # Comparing with a rejected value's default would only confuse: skip it then.
+    compare = not rejected & {"LEASE_DURATION", "HEARTBEAT_INTERVAL"}
     if options.heartbeat_interval >= options.lease_duration:
-        problems.append(
-            Problem(
-                E_HEARTBEAT_NOT_BELOW_LEASE,
-                f"HEARTBEAT_INTERVAL ({options.heartbeat_interval:g}s) must be shorter than "
-                f"LEASE_DURATION ({options.lease_duration:g}s): every lease would expire "
-                "before it is renewed.",
-                hint="Keep HEARTBEAT_INTERVAL at most a third of LEASE_DURATION.",
+        if compare:
+            problems.append(
+                Problem(
+                    E_HEARTBEAT_NOT_BELOW_LEASE,
+                    f"HEARTBEAT_INTERVAL ({options.heartbeat_interval:g}s) must be shorter than "
+                    f"LEASE_DURATION ({options.lease_duration:g}s): every lease would expire "
+                    "before it is renewed.",
+                    hint="Keep HEARTBEAT_INTERVAL at most a third of LEASE_DURATION.",
+                )
             )
-        )
         options = Options(**{**values, "heartbeat_interval": options.lease_duration / 3})
-    elif options.heartbeat_interval > options.lease_duration / 3:
+    elif compare and options.heartbeat_interval > options.lease_duration / 3:
         problems.append(
             Problem(
                 W_HEARTBEAT_TOO_SLOW,

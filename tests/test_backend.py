@@ -930,6 +930,7 @@ def test_nan_timeout_is_rejected() -> None:
         ({"LEASE_DURATON": 30}, "leasejobs.E001"),
         ({"LOCK_LOST_BEHAVIOR": "sighup"}, "leasejobs.E003"),
         ({"LEASE_DURATION": 10, "HEARTBEAT_INTERVAL": 10}, "leasejobs.E004"),
+        ({"LEASE_DURATION": 3e6}, "leasejobs.E007"),
     ],
 )
 def test_misconfigured_backend_refuses_to_enqueue(options: dict[str, Any], check_id: str) -> None:
@@ -964,12 +965,25 @@ def test_env_var_misconfiguration_refuses_to_enqueue(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.django_db
-def test_warnings_do_not_block_enqueue() -> None:
-    options = {"LEASE_DURATION": 30, "HEARTBEAT_INTERVAL": 15}  # W001 only
-    with override_settings(TASKS=tasks_setting(slowbeat=options)):
-        task_backends["slowbeat"].require_valid_config()
-        result = add.using(backend="slowbeat").enqueue(1, 2)
-    assert Job.objects.get(pk=int(result.id)).backend == "slowbeat"
+@pytest.mark.parametrize(
+    ("options", "warnings"),
+    [
+        ({"LEASE_DURATION": 30, "HEARTBEAT_INTERVAL": 15}, ["leasejobs.W001"]),
+        (
+            {"LEASE_DURATION": 0.5, "HEARTBEAT_INTERVAL": 0.05, "POLL_INTERVAL": 0.01},
+            ["leasejobs.W002", "leasejobs.W004", "leasejobs.W003"],
+        ),
+    ],
+    ids=["slow-heartbeat", "fast-timings"],
+)
+def test_warnings_do_not_block_enqueue(options: dict[str, Any], warnings: list[str]) -> None:
+    with override_settings(TASKS=tasks_setting(warned=options)):
+        found = task_backends["warned"]
+        assert isinstance(found, LeaseJobsBackend)
+        assert sorted(p.id for p in found.problems) == sorted(warnings)
+        found.require_valid_config()
+        result = add.using(backend="warned").enqueue(1, 2)
+    assert Job.objects.get(pk=int(result.id)).backend == "warned"
 
 
 @pytest.mark.django_db

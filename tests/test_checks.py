@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,12 +19,17 @@ from django_leasejobs.compat import USING_BACKPORT
 from django_leasejobs.conf import (
     E_BAD_VALUE,
     E_DATABASE_FEATURES,
+    E_DURATION_TOO_LONG,
     E_HEARTBEAT_NOT_BELOW_LEASE,
     E_LOCK_LOST_BEHAVIOR,
     E_UNKNOWN_DATABASE,
     E_UNKNOWN_OPTION,
     LOCK_LOST_ENV_VAR,
+    MAX_SECONDS,
+    W_HEARTBEAT_TOO_FAST,
     W_HEARTBEAT_TOO_SLOW,
+    W_LEASE_TOO_SHORT,
+    W_POLL_TOO_FAST,
     parse_options,
 )
 
@@ -35,7 +41,11 @@ ALL_IDS = {
     E_HEARTBEAT_NOT_BELOW_LEASE,
     E_UNKNOWN_DATABASE,
     E_DATABASE_FEATURES,
+    E_DURATION_TOO_LONG,
     W_HEARTBEAT_TOO_SLOW,
+    W_LEASE_TOO_SHORT,
+    W_POLL_TOO_FAST,
+    W_HEARTBEAT_TOO_FAST,
 }
 
 
@@ -73,8 +83,16 @@ def _no_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_ids_are_stable() -> None:
-    expected = {f"leasejobs.E00{n}" for n in range(1, 7)} | {"leasejobs.W001"}
+    expected = {f"leasejobs.E00{n}" for n in range(1, 8)} | {
+        f"leasejobs.W00{n}" for n in range(1, 5)
+    }
     assert expected == ALL_IDS
+    assert (E_DURATION_TOO_LONG, W_LEASE_TOO_SHORT, W_POLL_TOO_FAST, W_HEARTBEAT_TOO_FAST) == (
+        "leasejobs.E007",
+        "leasejobs.W002",
+        "leasejobs.W003",
+        "leasejobs.W004",
+    )
 
 
 def test_silent_on_the_test_settings() -> None:
@@ -263,8 +281,109 @@ def test_w001_heartbeat_above_a_third_of_the_lease() -> None:
     messages = leasejobs_messages({"LEASE_DURATION": 30, "HEARTBEAT_INTERVAL": 15})
     assert ids(messages) == [W_HEARTBEAT_TOO_SLOW]
     assert messages[0].level == checks.WARNING
+    assert "15s" in messages[0].msg
+    assert "30s" in messages[0].msg
     # Exactly a third is fine.
     assert leasejobs_messages({"LEASE_DURATION": 30, "HEARTBEAT_INTERVAL": 10}) == []
+
+
+def test_e004_falls_back_to_a_third_of_the_lease() -> None:
+    config, problems = parse_options({"LEASE_DURATION": 6, "HEARTBEAT_INTERVAL": 9}, environ={})
+    assert [p.id for p in problems] == [E_HEARTBEAT_NOT_BELOW_LEASE]
+    assert "9s" in problems[0].msg
+    assert "6s" in problems[0].msg
+    assert config.heartbeat_interval == 2.0
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"LEASE_DURATION": "30", "HEARTBEAT_INTERVAL": 40}, [E_BAD_VALUE]),
+        ({"LEASE_DURATION": 30, "HEARTBEAT_INTERVAL": -1}, [E_BAD_VALUE]),
+        ({"LEASE_DURATION": 3e6, "HEARTBEAT_INTERVAL": 1e6}, [E_DURATION_TOO_LONG]),
+        ({"LEASE_DURATION": 20, "HEARTBEAT_INTERVAL": 3e6}, [E_DURATION_TOO_LONG]),
+    ],
+    ids=["lease-bad", "heartbeat-bad", "lease-too-long", "heartbeat-too-long"],
+)
+def test_heartbeat_is_not_compared_with_a_rejected_value(
+    options: dict[str, Any], expected: list[str]
+) -> None:
+    # The rejected value is replaced by its default: comparing with that would mislead.
+    assert ids(leasejobs_messages(options)) == expected
+
+
+# --------------------------------------------------------------------------- E007
+
+
+def test_e007_lease_too_long_for_tcp_user_timeout() -> None:
+    messages = leasejobs_messages({"LEASE_DURATION": 2_147_483.648})
+    assert ids(messages) == [E_DURATION_TOO_LONG]
+    assert messages[0].level == checks.ERROR
+    assert "LEASE_DURATION" in messages[0].msg
+    assert "2,147,483.647 s" in messages[0].msg
+    assert "tcp_user_timeout" in messages[0].msg
+    assert "2,147,483.647" in messages[0].hint
+    # The bound itself is accepted, and the worker's tcp_user_timeout still fits an int.
+    config, problems = parse_options({"LEASE_DURATION": MAX_SECONDS}, environ={})
+    assert problems == []
+    assert int(config.lease_duration * 1000) == 2**31 - 1
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("POLL_INTERVAL", "poll(2)"),
+        ("STALE_LOCK_INTERVAL", "millisecond timeouts"),
+        ("STALE_LOCK_AGE", "millisecond timeouts"),
+        ("LOCK_LOST_GRACE", "millisecond timeouts"),
+    ],
+)
+def test_e007_every_duration_has_the_same_bound(name: str, needle: str) -> None:
+    messages = leasejobs_messages({name: 1e300})
+    assert ids(messages) == [E_DURATION_TOO_LONG]
+    assert name in messages[0].msg
+    assert needle in messages[0].msg
+    assert leasejobs_messages({name: MAX_SECONDS}) == []
+
+
+def test_e007_does_not_apply_to_counts() -> None:
+    assert leasejobs_messages({"MAX_ATTEMPTS": 10**12, "MAX_STALLS": 10**12}) == []
+
+
+# --------------------------------------------------------------------------- W002 / W003 / W004
+
+
+def test_w002_sub_second_lease() -> None:
+    messages = leasejobs_messages({"LEASE_DURATION": 0.9, "HEARTBEAT_INTERVAL": 0.3})
+    assert ids(messages) == [W_LEASE_TOO_SHORT]
+    assert messages[0].level == checks.WARNING
+    assert "LEASE_DURATION (0.9s) is below 1 s" in messages[0].msg
+    assert leasejobs_messages({"LEASE_DURATION": 1, "HEARTBEAT_INTERVAL": 0.3}) == []
+
+
+def test_w002_and_w004_on_the_observed_absurd_timings() -> None:
+    # LEASE_DURATION 0.003: one idle worker made hundreds of commits a second.
+    messages = leasejobs_messages({"LEASE_DURATION": 0.003, "HEARTBEAT_INTERVAL": 0.001})
+    assert ids(messages) == [W_LEASE_TOO_SHORT, W_HEARTBEAT_TOO_FAST]
+    # With the default heartbeat (10 s) that lease is an error as well.
+    messages = leasejobs_messages({"LEASE_DURATION": 0.003})
+    assert ids(messages) == [W_LEASE_TOO_SHORT, E_HEARTBEAT_NOT_BELOW_LEASE]
+
+
+def test_w004_heartbeat_faster_than_ten_a_second() -> None:
+    messages = leasejobs_messages({"LEASE_DURATION": 30, "HEARTBEAT_INTERVAL": 0.05})
+    assert ids(messages) == [W_HEARTBEAT_TOO_FAST]
+    assert messages[0].level == checks.WARNING
+    assert "HEARTBEAT_INTERVAL (0.05s)" in messages[0].msg
+    assert leasejobs_messages({"LEASE_DURATION": 30, "HEARTBEAT_INTERVAL": 0.1}) == []
+
+
+def test_w003_poll_interval_below_50_ms() -> None:
+    messages = leasejobs_messages({"POLL_INTERVAL": 0.01})
+    assert ids(messages) == [W_POLL_TOO_FAST]
+    assert messages[0].level == checks.WARNING
+    assert "POLL_INTERVAL (0.01s) is below 0.05 s" in messages[0].msg
+    assert leasejobs_messages({"POLL_INTERVAL": 0.05}) == []
 
 
 # --------------------------------------------------------------------------- E005 / E006
@@ -333,3 +452,21 @@ def test_manage_py_check_fails_on_a_bad_setting(
     assert bad.returncode != 0
     assert "leasejobs.E003" in bad.stderr
     assert "sigbogus" in bad.stderr
+
+
+@pytest.mark.slow
+def test_a_lease_too_long_fails_check_and_the_worker_refuses_to_start(
+    run_manage: Any, subprocess_env: dict[str, str]
+) -> None:
+    env = {**subprocess_env, "LEASEJOBS_TEST_OPTIONS": json.dumps({"LEASE_DURATION": 3e6})}
+    for command in (["check"], ["runworker", "--concurrency", "1"]):
+        refused = run_manage(command, env=env, timeout=60)
+        assert refused.returncode != 0, (command, refused.stdout, refused.stderr)
+        assert "leasejobs.E007" in refused.stderr, (command, refused.stderr)
+        assert "tcp_user_timeout" in refused.stderr
+
+    # Warnings do not stop a check (a worker starts with them, too).
+    env = {**subprocess_env, "LEASEJOBS_TEST_OPTIONS": json.dumps({"POLL_INTERVAL": 0.01})}
+    warned = run_manage(["check"], env=env)
+    assert warned.returncode == 0, warned.stderr
+    assert "leasejobs.W003" in warned.stdout + warned.stderr
