@@ -229,6 +229,7 @@ class Worker(models.Model):
     problem = models.TextField(
         blank=True,
         default="",
+        db_default="",  # rows written without it (raw SQL, an older release) stay valid
         help_text="What keeps the worker from working normally, as of its last heartbeat "
         "(outcomes it cannot record, failing database rounds); empty when all is well.",
     )

@@ -51,6 +51,15 @@ def test_demo_enqueue_then_demo_workers_run_jobs_and_stop_cleanly(
             timeout=60,
             what="the demo's quick jobs to succeed on the demo workers",
         )
+        # The demo's poison pill kills a worker per attempt until it is a dead letter:
+        # wait for that, so that no worker listed below is killed before the SIGTERM.
+        wait_until(
+            lambda: Job.objects.filter(
+                task_path="demo.tasks.crash_worker", status=JobStatus.DEAD
+            ).exists(),
+            timeout=120,
+            what="the demo's crash_worker job to be dead-lettered",
+        )
         wait_until(
             lambda: WorkerRow.objects.filter(state="running").count() >= 2,
             timeout=30,
@@ -65,8 +74,9 @@ def test_demo_enqueue_then_demo_workers_run_jobs_and_stop_cleanly(
             timeout=30,
             what="the demo workers to exit",
         )
-        # Workers alive at shutdown deregister. (One the demo's crash_worker job SIGKILLed
-        # could not: its row stays "running" and the dashboard shows it as gone.)
+        # Workers alive at shutdown deregister. (The ones the demo's crash_worker job
+        # SIGKILLed could not: their rows stay "running" and the dashboard shows them as
+        # gone; the supervisor replaced them before the listing above.)
         live = WorkerRow.objects.filter(pid__in=workers)
         assert live.count() == len(workers)
         assert set(live.values_list("state", flat=True)) == {"stopped"}
