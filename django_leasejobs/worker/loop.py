@@ -144,11 +144,11 @@ class Worker:
         self._mean_duration: float | None = None
         self._prefetch_paused = False
         self._writes: list[tuple[RunningJob, Any]] = []
+        """Outcomes to record, written in batches by the next database round."""
         self._round_problem = ""
         self.given_up = 0
         """Attempts whose outcome could not be recorded at all (left to the reaper)."""
         self._last_give_up: tuple[float, str] | None = None
-        """Outcomes to record, written in batches by the next database round."""
         self._round: tuple[RoundPlan, Future[RoundResult]] | None = None
         self._db: ThreadPoolExecutor
         self._db_failures = 0
