@@ -19,6 +19,7 @@ from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission, User
 from django.contrib.contenttypes.models import ContentType
 from django.contrib.messages import get_messages
+from django.db import connection
 from django.db.models.functions import Now
 from django.http import HttpResponse
 from django.test import Client
@@ -952,6 +953,167 @@ def test_workers_cannot_be_added_or_changed(admin_client: Client, fleet: dict[st
     response = admin_client.post(worker_url(WORKER), {"host": "elsewhere", "pid": "1"})
     assert response.status_code == 403
     assert Worker.objects.get(pk=WORKER).host == "host-a"
+
+
+# --------------------------------------------------------------------------- malformed filters
+
+# Raw query strings (as a browser or a bot sends them) on the job and worker lists.
+NUL_QUERIES = [
+    (CHANGELIST, "queue=a%00b", "queue"),
+    (CHANGELIST, "task=%00", "task"),
+    (CHANGELIST, "worker=w%00", "worker"),
+    (CHANGELIST, "status__exact=%00", "status__exact"),
+    (CHANGELIST, "has_errors=yes%00", "has_errors"),
+    (CHANGELIST, "locked_by=%00", "locked_by"),
+    (CHANGELIST, "q=%00", "q"),
+    (CHANGELIST, "o=1%00", "o"),
+    (CHANGELIST, "queue=default&key%00=1", "key\\x00"),
+    (WORKERS, "host=%00", "host"),
+    (WORKERS, "state__exact=running%00", "state__exact"),
+    (WORKERS, "q=host%00", "q"),
+]
+
+
+@pytest.mark.parametrize(("url", "query", "name"), NUL_QUERIES)
+def test_nul_in_a_filter_parameter_is_a_bad_request(
+    admin_client: Client, request: pytest.FixtureRequest, url: str, query: str, name: str
+) -> None:
+    jobs = rows_for(request, url)
+    response = admin_client.get(f"{url}?{query}")
+    assert response.status_code == 400
+    content = response.content.decode()
+    assert "NUL character" in content
+    assert f"The parameter &#x27;{name}&#x27;" in content
+    assert f'href="{url}"' in content  # back to the list without filters
+    assert Job.objects.count() == jobs  # the test's transaction is still usable
+
+
+# Filters the database (or the driver) rejects only when the query runs.
+REJECTED_QUERIES = [
+    (CHANGELIST, "locked_by__regex=("),
+    (CHANGELIST, "task_path__iregex=["),
+    (CHANGELIST, "key__regex=(&status__exact=pending"),
+    (CHANGELIST, "_facets=1&task_path__regex=("),
+    (CHANGELIST, "id__range=1"),
+    (WORKERS, "id__regex=("),
+    (WORKERS, "host__iregex=[&state__exact=running"),
+]
+
+
+def rows_for(request: pytest.FixtureRequest, url: str) -> int:
+    """Fill the list at ``url`` (jobs in every state, or a fleet of workers); count jobs."""
+    request.getfixturevalue("states" if url == CHANGELIST else "fleet")
+    return Job.objects.count()
+
+
+@pytest.mark.parametrize(("url", "query"), REJECTED_QUERIES)
+def test_a_filter_the_database_rejects_is_a_bad_request(
+    admin_client: Client, request: pytest.FixtureRequest, url: str, query: str
+) -> None:
+    jobs = rows_for(request, url)
+    response = admin_client.get(f"{url}?{query}")
+    assert response.status_code == 400
+    assert b"Bad filter" in response.content
+    assert f'href="{url}"'.encode() in response.content
+    # The failed query ran in a savepoint: the test's transaction goes on.
+    assert Job.objects.count() == jobs
+
+
+def test_the_400_names_the_database_error(admin_client: Client, states: dict[str, int]) -> None:
+    response = admin_client.get(f"{CHANGELIST}?task_path__regex=(")
+    assert response.status_code == 400
+    assert b"The database rejected this filter" in response.content
+
+
+# Malformed filters whose answer depends on the database or on Django, never 500.
+NEVER_500_QUERIES = [
+    (CHANGELIST, "attempt=abc"),
+    (CHANGELIST, "attempt__gt=99999999999999999999999"),
+    (CHANGELIST, "priority__in=1,99999999999999999999"),
+    (CHANGELIST, "id=99999999999999999999999"),
+    (CHANGELIST, "id__in=1,abc"),
+    (CHANGELIST, "enqueued_at__gte=garbage"),
+    (CHANGELIST, "kwargs__contains=x"),
+    (CHANGELIST, "args__0__gt=x"),
+    (CHANGELIST, "p=99999999999999999999999"),
+    (CHANGELIST, "p=abc"),
+    (CHANGELIST, "o=abc.-9"),
+    (CHANGELIST, "queue=%ED%A0%80"),
+    (CHANGELIST, "nonsense__field=1"),
+    (CHANGELIST, "locked_by__regex=(&e=1"),
+    (WORKERS, "pid=abc"),
+    (WORKERS, "pid__gt=9999999999999999999999"),
+    (WORKERS, "last_seen_at__gte=x"),
+    (WORKERS, "queues__contains=x"),
+]
+
+
+@pytest.mark.parametrize(("url", "query"), NEVER_500_QUERIES)
+def test_malformed_filters_never_answer_500(
+    admin_client: Client, request: pytest.FixtureRequest, url: str, query: str
+) -> None:
+    jobs = rows_for(request, url)
+    response = admin_client.get(f"{url}?{query}")
+    assert response.status_code in {200, 302, 400}, response.status_code
+    if response.status_code == 302:  # Django's own answer to a lookup it refuses
+        assert response["Location"] == f"{url}?e=1"
+    assert Job.objects.count() == jobs
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bad_filter_in_autocommit_leaves_the_connection_usable(admin_client: Client) -> None:
+    running_job()
+    assert admin_client.get(f"{CHANGELIST}?locked_by__regex=(").status_code == 400
+    assert admin_client.get(f"{CHANGELIST}?locked_by={WORKER}").status_code == 200
+
+
+def test_bad_filter_with_atomic_requests_leaves_the_transaction_usable(
+    admin_client: Client, states: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    assert admin_client.get(f"{CHANGELIST}?locked_by__regex=(").status_code == 400
+    assert admin_client.get(f"{CHANGELIST}?queue=a%00b").status_code == 400
+    response = admin_client.get(CHANGELIST, {"worker": WORKER})
+    assert shown_ids(response) == {states["running"], states["expired"]}
+
+
+def test_a_bad_filter_on_an_action_post_is_a_bad_request(
+    admin_client: Client, states: dict[str, int]
+) -> None:
+    data = {"action": "cancel_jobs", "_selected_action": [str(states["pending"])], "index": "0"}
+    response = admin_client.post(f"{CHANGELIST}?locked_by__regex=(", data)
+    assert response.status_code == 400
+    assert status_of(states["pending"]) == JobStatus.PENDING
+
+
+def test_nul_in_a_selected_worker_id_is_a_bad_request(
+    admin_client: Client, fleet: dict[str, Any]
+) -> None:
+    data = {"action": "delete_selected", "_selected_action": ["a\x00b"], "index": "0"}
+    response = admin_client.post(WORKERS, data)
+    assert response.status_code == 400
+    assert Worker.objects.count() == 3
+
+
+def test_nul_in_a_worker_id_in_the_url_is_not_found(
+    admin_client: Client, fleet: dict[str, Any]
+) -> None:
+    for suffix in ("change/", "history/", "delete/"):
+        response = admin_client.get(f"{WORKERS}a%00b/{suffix}")
+        assert response.status_code == 302, suffix
+        assert response["Location"] == reverse("admin:index")
+
+
+@pytest.mark.parametrize("url", [DASHBOARD, QUEUE_DASHBOARD])
+def test_nul_in_a_dashboard_parameter_is_harmless(admin_client: Client, url: str) -> None:
+    assert admin_client.get(f"{url}?fragment=%00").status_code == 200
+
+
+def test_good_filters_still_work_next_to_the_checks(
+    admin_client: Client, states: dict[str, int]
+) -> None:
+    response = admin_client.get(f"{CHANGELIST}?locked_by__regex=^host-a&o=-1")
+    assert shown_ids(response) == {states["running"], states["expired"]}
 
 
 # --------------------------------------------------------------------------- escaping
