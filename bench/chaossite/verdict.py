@@ -25,6 +25,8 @@ DB_FAULTS = frozenset({TERMINATE, RESTART})
 # Relative frequency of each kind after the first covering rounds (every kind appears).
 FAULT_WEIGHTS = {KILL_WORKER: 20, KILL_SLOT: 25, STOP_WORKER: 15, TERMINATE: 30, RESTART: 10}
 
+RESTART_BACK = "restart_postgres, from the server's return"  # recovery measured from t1
+
 HEALTHY_TASK = "chaossite.tasks.healthy"
 
 
@@ -50,6 +52,7 @@ POISON = (
 )
 POISON_BY_TASK = {kind.task: kind for kind in POISON}
 
+SCAN_SLACK = 1.0  # seconds: a job process may be listed by the soak after its first job began
 EXAMPLES = 50  # at most this many examples of each finding in the JSON and the report
 
 
@@ -184,30 +187,92 @@ def hits(fault: Fault, execution: Execution, lease: float) -> bool:
     return False
 
 
-def end_bound(execution: Execution, faults: Sequence[Fault]) -> tuple[float | None, str]:
-    """When the execution stopped running, as far as the soak knows, and how it knows.
+def running_until(
+    execution: Execution,
+    faults: Sequence[Fault],
+    alive_spans: dict[int, list[tuple[float, float]]],
+    pools: dict[str, str],
+) -> tuple[float | None, str]:
+    """The latest moment at which ``execution`` is known to have been still running.
 
-    Its "end" record; else the kill the soak sent to its process (kill_slot) or to its
-    worker (kill_worker: for the process pool, the moment the soak saw all of the worker's
-    job processes gone); else unknown (its worker stopped it: the soak cannot see when).
+    * its "end" record;
+    * else, in the process pool, the last moment the soak saw its job process alive (it
+      samples every worker's job processes every 50 ms) or sent it a SIGKILL: a job
+      process runs one job at a time and writes the "end" record before it takes another,
+      so a process without that record that is still alive is still running that job
+      (``alive_spans``: per pid, when each process of that pid was first and last seen;
+      a pid can come back after the kernel's pid counter wrapped);
+    * else, in the thread pool (a thread can only stop with its process), the moment its
+      worker died: the soak's SIGKILL, or the last time the soak saw an exited worker alive;
+    * else unknown.
     """
     if execution.end is not None:
         return execution.end, "end record"
     known: list[tuple[float, str]] = []
-    for fault in faults:
-        if not fault.injected or fault.t0 < execution.start:
-            continue
-        if fault.kind == KILL_SLOT and fault.pid == execution.pid:
-            known.append((fault.t0, f"kill_slot #{fault.seq}"))
-        elif fault.kind == KILL_WORKER and fault.worker == execution.worker:
-            if fault.pool == "process":
-                gone = fault.slots_gone if fault.slots_gone is not None else math.inf
-                known.append((gone, f"kill_worker #{fault.seq} (job processes gone)"))
-            else:
+    if pools.get(execution.worker) == "process":
+        spans = alive_spans.get(execution.pid, [])
+        # The process that ran it: the last one of that pid first seen before it started
+        # (the soak lists job processes every 0.25 s, hence the slack).
+        span = max((s for s in spans if s[0] <= execution.start + SCAN_SLACK), default=None)
+        if span is not None and span[1] >= execution.start:
+            known.append((span[1], "its job process was last seen alive"))
+        for fault in faults:
+            if (
+                fault.kind == KILL_SLOT
+                and fault.pid == execution.pid
+                and fault.t0 >= execution.start
+            ):
+                known.append((fault.t0, f"kill_slot #{fault.seq}"))
+    else:
+        for fault in faults:
+            if fault.worker != execution.worker:
+                continue
+            if fault.kind == KILL_WORKER and fault.t0 >= execution.start:
                 known.append((fault.t0, f"kill_worker #{fault.seq}"))
+            elif fault.kind == "worker_exit":
+                seen = fault.detail.get("last_seen_alive")
+                if seen is not None and seen >= execution.start:
+                    known.append((seen, f"worker_exit #{fault.seq}"))
     if not known:
         return None, "unknown"
-    return min(known)
+    return max(known)
+
+
+def overlap_excuse(
+    first: Execution,
+    second: Execution,
+    first_until: float,
+    faults: Sequence[Fault],
+    lease: float,
+    pools: dict[str, str],
+) -> str:
+    """Why ``second`` may start while ``first`` still runs ('' when nothing excuses it).
+
+    * "frozen worker": first's worker was SIGSTOPped while first ran, before second
+      started. Its lease expired while the worker could not act; a process-pool job
+      process is not stopped with its worker and keeps running, a thread resumes with its
+      worker: the documented at-least-once window of a frozen worker.
+    * "thread pool, lease lost": first ran in the thread pool and a database fault cut
+      its worker while first ran, before second started. The worker cannot renew, so the
+      lease expires; a thread cannot be killed, so it runs on, fenced (documented for the
+      thread pool). The process pool has no such excuse: its watchdog kills the job
+      process before the lease can expire in the database.
+    """
+    for fault in faults:
+        if fault.t0 > second.start or not fault.injected:
+            continue
+        if (
+            fault.kind == STOP_WORKER
+            and fault.worker == first.worker
+            and first.start <= fault.t1
+            and fault.t0 < first_until
+        ):
+            return "frozen worker"
+    if pools.get(first.worker) == "thread":
+        for fault in faults:
+            if fault.kind in DB_FAULTS and fault.t0 <= second.start and hits(fault, first, lease):
+                return "thread pool, lease lost"
+    return ""
 
 
 @dataclass
@@ -254,6 +319,7 @@ def analyse(
     enqueued_healthy: set[int],
     lease: float,
     worker_pools: dict[str, str],
+    alive_spans: dict[int, list[tuple[float, float]]],
 ) -> Verdict:
     """The soak's verdict from the ledger, the fault log and the final database rows."""
     injected = [f for f in faults if f.injected]
@@ -306,7 +372,11 @@ def analyse(
         if job_id not in healthy_rows:
             continue
         for previous, current in itertools.pairwise(runs):
-            causes = [f for f in faults_for(previous) if hits(f, previous, lease)]
+            causes = [
+                f
+                for f in faults_for(previous)
+                if f.t0 <= current.start and hits(f, previous, lease)
+            ]
             if not causes:
                 counts["unexplained_reruns"] += 1
                 details["unexplained_reruns"].append(
@@ -324,31 +394,29 @@ def analyse(
                 )
                 continue
             explained += 1
-            before = [f for f in causes if f.t0 <= current.start] or causes
-            cause = max(before, key=lambda f: f.t0)
+            cause = max(causes, key=lambda f: f.t0)
             by_fault_kind[cause.kind] += 1
             recovery[cause.kind].append(current.start - cause.t0)
+            if cause.kind == RESTART:
+                recovery[RESTART_BACK].append(current.start - cause.t1)
 
     # Overlaps: a later execution starting while an earlier one of the same job still ran.
-    excused = 0
+    excused: Counter[str] = Counter()
     unknown_end = 0
     for job_id, runs in by_job.items():
         ordered = sorted(runs, key=lambda e: e.start)
         for i, first in enumerate(ordered):
-            end, how = end_bound(first, faults_for(first))
+            end, how = running_until(first, faults_for(first), alive_spans, worker_pools)
             if end is None:
                 unknown_end += 1
+                details["executions_without_known_end"].append(asdict(first))
                 continue
             for second in ordered[i + 1 :]:
                 if second.start >= end:
                     break
-                frozen = [
-                    f
-                    for f in by_worker_faults.get(first.worker, [])
-                    if f.kind == STOP_WORKER and first.start <= f.t0 < end and f.t0 <= second.start
-                ]
-                if frozen:
-                    excused += 1
+                reason = overlap_excuse(first, second, end, faults_for(first), lease, worker_pools)
+                if reason:
+                    excused[reason] += 1
                     continue
                 counts["overlaps"] += 1
                 details["overlaps"].append(
@@ -356,8 +424,8 @@ def analyse(
                         "job": job_id,
                         "task": first.task,
                         "first": asdict(first),
-                        "first_ended": end,
-                        "ended_by": how,
+                        "first_ran_until": end,
+                        "known_from": how,
                         "second": asdict(second),
                     }
                 )
@@ -440,7 +508,9 @@ def analyse(
             details["orphaned_job_processes"].append(asdict(fault))
 
     recovery_stats = {kind: summary(values) for kind, values in sorted(recovery.items())}
-    recovery_stats["all"] = summary([v for values in recovery.values() for v in values])
+    recovery_stats["all"] = summary(
+        [v for kind, values in recovery.items() if kind != RESTART_BACK for v in values]
+    )
     healthy_runs = [e for e in executions if e.job in healthy_rows]
     info = {
         "healthy_jobs": len(enqueued_healthy),
@@ -452,7 +522,7 @@ def analyse(
         ),
         "explained_reruns": explained,
         "explained_reruns_by_fault": dict(by_fault_kind),
-        "overlaps_excused_frozen_worker": excused,
+        "overlaps_excused": dict(excused),
         "executions_without_known_end": unknown_end,
         "poison": poison_table,
         "faults": dict(Counter(f.kind for f in injected)),
