@@ -668,6 +668,21 @@ class QueueDashboardAdmin(admin.ModelAdmin):
         return dashboard_response(self.admin_site, request)
 
 
+class WorkerProblemFilter(admin.SimpleListFilter):
+    title = _("problem")
+    parameter_name = "problem"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> Iterable[tuple[str, Any]]:
+        return (("yes", _("reports a problem")), ("no", _("no problem")))
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Worker]) -> QuerySet[Worker]:
+        if self.value() == "yes":
+            return queryset.exclude(problem="")
+        if self.value() == "no":
+            return queryset.filter(problem="")
+        return queryset
+
+
 @admin.register(Worker)
 class WorkerAdmin(FilterSafeAdmin):
     list_display = (
@@ -681,8 +696,9 @@ class WorkerAdmin(FilterSafeAdmin):
         "last_seen_at",
         "online",
         "jobs_held",
+        "problem_short",
     )
-    list_filter = ("state", "pool", "host")
+    list_filter = ("state", "pool", "host", WorkerProblemFilter)
     search_fields = ("id", "host")
     ordering = ("-last_seen_at",)
     readonly_fields = (
@@ -698,6 +714,7 @@ class WorkerAdmin(FilterSafeAdmin):
         "last_seen_at",
         "stopped_at",
         "online",
+        "problem",
         "held_jobs",
     )
     fields = readonly_fields
@@ -737,6 +754,17 @@ class WorkerAdmin(FilterSafeAdmin):
             url,
             urlencode({"worker": worker.id, "status__exact": "running"}),
             count,
+        )
+
+    @admin.display(description=_("problem"))
+    def problem_short(self, worker: Worker) -> str:
+        """The worker's own report of trouble (see ``Worker.problem``), cut short; the full
+        text is the cell's tooltip and on the worker's page."""
+        if not worker.problem:
+            return "-"
+        short = worker.problem if len(worker.problem) <= 60 else worker.problem[:59] + "…"
+        return format_html(
+            '<span class="leasejobs-problem" title="{}">⚠ {}</span>', worker.problem, short
         )
 
     @admin.display(description=_("jobs it holds now"))

@@ -948,6 +948,24 @@ def test_worker_change_view(admin_client: Client, fleet: dict[str, Any]) -> None
     assert b"/admin/django_leasejobs/job/" not in gone.content.split(b'id="content-main"')[-1]
 
 
+def test_worker_problems_show_in_the_list_the_page_and_a_filter(
+    admin_client: Client, fleet: dict[str, Any]
+) -> None:
+    long = "gave up recording 2 attempt(s) since it started; last: job 7 attempt 1: " + "x" * 80
+    Worker.objects.filter(pk=WORKER).update(problem=long)
+
+    response = admin_client.get(WORKERS)
+    troubled = worker_row(response.content, WORKER)
+    assert b'class="leasejobs-problem"' in troubled
+    assert f'title="{long}"'.encode() in troubled  # the whole report as the tooltip
+    assert f"\u26a0 {long[:59]}\u2026".encode() in troubled
+    assert b'<td class="field-problem_short">-</td>' in worker_row(response.content, WORKER2)
+
+    assert shown_ids(admin_client.get(WORKERS, {"problem": "yes"})) == {WORKER}
+    assert WORKER not in shown_ids(admin_client.get(WORKERS, {"problem": "no"}))
+    assert long.encode() in admin_client.get(worker_url(WORKER)).content
+
+
 def test_workers_cannot_be_added_or_changed(admin_client: Client, fleet: dict[str, Any]) -> None:
     assert admin_client.get(reverse("admin:django_leasejobs_worker_add")).status_code == 403
     response = admin_client.post(worker_url(WORKER), {"host": "elsewhere", "pid": "1"})
@@ -1134,7 +1152,7 @@ def hostile() -> dict[str, Any]:
     running = running_job(SCRIPT)
     job = Job.objects.get(pk=running)
     leases.set_progress(running, job.attempt, SCRIPT, leases.Progress(0.5, IMG))
-    make_worker(SCRIPT, host=SCRIPT, queues=[SCRIPT, IMG])
+    make_worker(SCRIPT, host=SCRIPT, queues=[SCRIPT, IMG], problem=f"gave up {SCRIPT}")
     args = int(add.enqueue(SCRIPT, IMG).id)
     kwargs = int(configured.enqueue(x={SCRIPT: [IMG]}).id)
     bold = Job.objects.create(task_path=f"tests.tasks.{BOLD}", queue=SCRIPT, key=SCRIPT).pk
