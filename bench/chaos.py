@@ -2,8 +2,8 @@
 
 Run from the repository root, inside the project's virtualenv (``.venv``)::
 
-    python bench/chaos.py                 # 20,000 jobs over 10 minutes, ~150 faults
-    python bench/chaos.py --smoke         # ~500 jobs, 2 faults of every kind, ~2 minutes
+    python bench/chaos.py                 # 20,000 jobs over 10 minutes, ~170 faults
+    python bench/chaos.py --smoke         # 500 jobs, 2+ faults of every kind, ~1.5 minutes
     python bench/chaos.py --no-poison --jobs 5000 --duration 120 --seed 7
 
 What it does:
@@ -94,7 +94,7 @@ SMOKE_SIZES = {
     "jobs": 500,
     "workers": 2,
     "concurrency": 4,
-    "duration": 50.0,
+    "duration": 75.0,
     "fault_interval": 5.0,
     "drain_timeout": 90.0,
     "cover": 2,
@@ -132,7 +132,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=int,
         help="the schedule starts with this many rounds holding every fault kind (1)",
     )
-    parser.add_argument("--smoke", action="store_true", help="~500 jobs, ~2 minutes")
+    parser.add_argument(
+        "--smoke", action="store_true", help="500 jobs, 2 workers of each pool, ~1.5 minutes"
+    )
     parser.add_argument("--seed", type=int, default=1, help="seed of jobs and faults (1)")
     parser.add_argument(
         "--poison",
@@ -699,6 +701,7 @@ class Soak:
         slots = worker.slot_pids() if worker.pool == "process" else []
         for pid in slots:
             self.slots.add(pid, time.monotonic())
+        self.slots.observe(slots, time.monotonic())  # alive until the kill, as far as we know
         worker.killed = True
         fault = self.new_fault(
             KILL_WORKER, worker=worker.worker_id, pid=worker.pid, pool=worker.pool
