@@ -1116,7 +1116,31 @@ class Soak:
         verdict.info["ledger_unreadable_lines"] = bad
         verdict.info["enqueue_errors"] = self.enqueue_errors
         verdict.info["workers_started"] = len(self.all_workers())
+        verdict.info["worker_logs"] = self.scan_logs()
         return verdict
+
+    def scan_logs(self) -> dict[str, Any]:
+        """What the workers logged at ERROR and the tracebacks they printed: no verdict, but
+        a traceback in a run that passed is worth reading (a bug the rules do not see)."""
+        levels: Counter[str] = Counter()
+        tracebacks: Counter[str] = Counter()
+        for path in sorted(self.logs.glob("*.log")):
+            lines = path.read_text(errors="replace").splitlines()
+            for number, line in enumerate(lines):
+                for level in ("ERROR", "CRITICAL"):
+                    if f" {level} " in line:
+                        levels[level] += 1
+                if line.startswith("Traceback"):
+                    # The exception line: the first unindented line after the frames.
+                    last = next(
+                        (x for x in lines[number + 1 :] if x and not x.startswith(" ")), "?"
+                    )
+                    tracebacks[f"{path.stem}: {last[:160]}"] += 1
+        return {
+            "error_lines": dict(levels),
+            "tracebacks": sum(tracebacks.values()),
+            "traceback_kinds": dict(tracebacks.most_common(20)),
+        }
 
     def server_facts(self) -> dict[str, Any]:
         names = ("server_version", "fsync", "synchronous_commit", "full_page_writes", "autovacuum")
@@ -1217,6 +1241,11 @@ def print_report(verdict: Verdict, meta: dict[str, Any]) -> None:
         ],
         ["faults injected", f"{sum(info['faults'].values()):,}", str(info["faults"])],
         ["faults skipped", f"{info['faults_skipped']:,}", "no target at that moment"],
+        [
+            "tracebacks in worker logs",
+            f"{info['worker_logs']['tracebacks']:,}",
+            f"ERROR lines: {info['worker_logs']['error_lines']}",
+        ],
     ]
     print()
     print(markdown_table(["verdict", "count", "note"], rows))
