@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -52,6 +53,83 @@ STATUS_TO_RESULT = {
 TaskCall = tuple[Task, Sequence[Any], Mapping[str, Any]]
 
 
+def attempt_history(
+    attempts: Sequence[JobAttempt], attempt: int, last_worker: str
+) -> tuple[list[TaskError], list[str]]:
+    """A job's ``TaskResult.errors`` and ``worker_ids`` from its attempt rows.
+
+    ``attempt`` and ``last_worker`` are the job's own columns: an attempt newer than
+    every row (running, or succeeded: successes write no row) adds its worker.
+    """
+    attempts = sorted(attempts, key=lambda a: a.attempt)
+    worker_ids = [a.worker for a in attempts]
+    recorded = max((a.attempt for a in attempts), default=0)
+    if attempt > recorded and last_worker:
+        worker_ids.append(last_worker)
+    errors = [
+        task_error(a.error_class, a.error_message, a.traceback)
+        for a in attempts
+        if a.outcome != AttemptOutcome.RELEASED
+    ]
+    return errors, worker_ids
+
+
+def task_error(error_class: str, message: str, traceback: str) -> TaskError:
+    """The ``TaskError`` of one failed attempt."""
+    return TaskError(
+        exception_class_path=error_class or "django_leasejobs.exceptions.JobFailure",
+        traceback=traceback or f"{error_class}: {message}",
+    )
+
+
+def task_as_enqueued(
+    base: Task,
+    *,
+    backend: str,
+    priority: int,
+    queue: str,
+    task_options: Mapping[str, Any] | None,
+    timeout: float | None,
+    key: str | None,
+    retry_backoff: Mapping[str, float] | None,
+) -> Task:
+    """The declared task ``base`` with the options a job was enqueued with, and only
+    those: an option the enqueued task never set stays unset (``run_after`` None,
+    ``max_attempts`` None...), whatever the job's own columns hold for running it."""
+    given = task_options if isinstance(task_options, Mapping) else {}
+    changes: dict[str, Any] = {"priority": priority, "queue_name": queue, "backend": backend}
+    if isinstance(given.get("run_after"), str):
+        with contextlib.suppress(ValueError):
+            changes["run_after"] = datetime.fromisoformat(given["run_after"])
+    if isinstance(base, LeaseTask):
+        changes.update(
+            max_attempts=given.get("max_attempts"),
+            max_stalls=given.get("max_stalls"),
+            timeout=timeout,
+            key=key,
+            retry_backoff=None if retry_backoff is None else Backoff.from_value(retry_backoff),
+        )
+    try:
+        return base.using(**changes)
+    except (InvalidTask, TypeError, ValueError):
+        # The row's queue, priority or options are no longer valid for this backend's
+        # settings: report the job anyway, with the task's own defaults.
+        return base
+
+
+def _task_options(task: Task) -> dict[str, Any] | None:
+    """What ``Job.task_options`` keeps of ``task``: the options it set that no other column
+    keeps exactly (None when it set none)."""
+    options: dict[str, Any] = {}
+    if task.run_after is not None:
+        options["run_after"] = task.run_after.isoformat()
+    for name in ("max_attempts", "max_stalls"):
+        value = getattr(task, name, None)
+        if value is not None:
+            options[name] = value
+    return options or None
+
+
 def live_result(
     task: Task,
     job_id: int,
@@ -61,6 +139,10 @@ def live_result(
     backend: str,
     *,
     enqueued_at: Any = None,
+    started_at: Any = None,
+    last_attempted_at: Any = None,
+    finished_at: Any = None,
+    errors: Sequence[TaskError] = (),
     worker_ids: Sequence[str] = (),
     return_value: Any = None,
 ) -> TaskResult:
@@ -74,13 +156,13 @@ def live_result(
         id=str(job_id),
         status=STATUS_TO_RESULT[JobStatus(status)],
         enqueued_at=enqueued_at,
-        started_at=None,
-        finished_at=None,
-        last_attempted_at=None,
+        started_at=started_at,
+        finished_at=finished_at,
+        last_attempted_at=last_attempted_at,
         args=list(args),
         kwargs=dict(kwargs),
         backend=backend,
-        errors=[],
+        errors=list(errors),
         worker_ids=list(worker_ids),
     )
     if status == JobStatus.SUCCEEDED:
@@ -191,6 +273,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             key=getattr(task, "key", None),
             retry_backoff=asdict(backoff) if backoff is not None else None,
             run_after=_storable_run_after(task.run_after),
+            task_options=_task_options(task),
         )
 
     def _new_job(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
@@ -376,21 +459,9 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         """The django.tasks view of a job row (and its failed attempts)."""
         if attempts is None:
             attempts = list(JobAttempt.objects.using(self.database).filter(job_id=job.pk))
-        attempts = sorted(attempts, key=lambda a: a.attempt)
         if task is None:
             task = self._task_for(job)
-        worker_ids = [a.worker for a in attempts]
-        recorded = max((a.attempt for a in attempts), default=0)
-        if job.attempt > recorded and job.last_worker:
-            worker_ids.append(job.last_worker)
-        errors = [
-            TaskError(
-                exception_class_path=a.error_class or "django_leasejobs.exceptions.JobFailure",
-                traceback=a.traceback or f"{a.error_class}: {a.error_message}",
-            )
-            for a in attempts
-            if a.outcome != AttemptOutcome.RELEASED
-        ]
+        errors, worker_ids = attempt_history(attempts, job.attempt, job.last_worker)
         result: TaskResult = TaskResult(
             task=task,
             id=str(job.pk),
@@ -410,26 +481,14 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         return result
 
     def _task_for(self, job: Job) -> Task:
-        """The declared task, with the options this job was enqueued with."""
-        base = registry.resolve(job.task_path)
-        changes: dict[str, Any] = {
-            "priority": job.priority,
-            "queue_name": job.queue,
-            "run_after": job.run_after,
-            "backend": self.alias,
-        }
-        if isinstance(base, LeaseTask):
-            changes.update(
-                max_attempts=job.max_attempts,
-                max_stalls=job.max_stalls,
-                timeout=job.timeout,
-                key=job.key,
-            )
-            if job.retry_backoff is not None:
-                changes["retry_backoff"] = Backoff.from_value(job.retry_backoff)
-        try:
-            return base.using(**changes)
-        except InvalidTask:
-            # The row's queue or priority is no longer valid for this backend's settings:
-            # report the job anyway, with the task's own defaults.
-            return base
+        """The task this job was enqueued with (see :func:`task_as_enqueued`)."""
+        return task_as_enqueued(
+            registry.resolve(job.task_path),
+            backend=self.alias,
+            priority=job.priority,
+            queue=job.queue,
+            task_options=job.task_options,
+            timeout=job.timeout,
+            key=job.key,
+            retry_backoff=job.retry_backoff,
+        )

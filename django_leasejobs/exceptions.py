@@ -7,6 +7,8 @@ expiry, timeout, kill, cancel) live here too, so the path always imports.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .compat import InvalidTask
 
 
@@ -73,3 +75,24 @@ class JobReleased(JobFailure):
 class OutcomeNotStored(JobFailure):
     """The database refused to store the attempt's result or error as it was; the
     attempt is recorded as this failure instead, saying why."""
+
+
+class TaskFailed(Exception):
+    """Raised (and caught) by a worker around ``task_finished`` for a FAILED job, so that
+    receivers which log the exception being handled (Django's own ``django.tasks``
+    logger, error trackers) get the attempt's error: its class path and message, with
+    the traceback recorded where it ran."""
+
+    def __init__(self, error: Any, job_id: int, attempt: int, worker_id: str) -> None:
+        self.exception_class_path: str = error.exception_class_path
+        self.error_message: str = error.message
+        self.remote_traceback: str = error.traceback
+        self.job_id = job_id
+        self.attempt = attempt
+        summary = self.exception_class_path
+        if self.error_message:
+            summary += f": {self.error_message}"
+        super().__init__(
+            f"job {job_id} attempt {attempt} failed on worker {worker_id}: {summary}"
+            + (f"\n\n{self.remote_traceback}" if self.remote_traceback else "")
+        )

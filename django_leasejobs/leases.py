@@ -24,11 +24,12 @@ import functools
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, connections, transaction
 from django.db.models import (
     Case,
@@ -41,6 +42,7 @@ from django.db.models import (
     When,
 )
 from django.db.models.functions import Now
+from django.utils.dateparse import parse_datetime
 
 from .exceptions import LeaseLost, RowLocked
 from .models import AttemptOutcome, Job, JobAttempt, JobStatus
@@ -106,6 +108,14 @@ class ClaimedJob:
     problem: str | None = None
     """Why the row cannot run (its stored columns have the wrong JSON types), or None.
     Such an attempt fails at once, as its own attempt, and nothing is called."""
+    key: str | None = None
+    task_options: dict[str, Any] | None = None
+    """``Job.task_options``: with the columns above, the Task exactly as enqueued."""
+    enqueued_at: datetime | None = None
+    started_at: datetime | None = None
+    """When the job's first attempt started."""
+    last_attempted_at: datetime | None = None
+    """When this attempt started (the claim)."""
 
     @property
     def lease(self) -> tuple[int, int]:
@@ -129,6 +139,11 @@ class ClaimedJob:
                 self.checkpoint,
                 self.retry_backoff,
                 self.problem,
+                self.key,
+                self.task_options,
+                self.enqueued_at,
+                self.started_at,
+                self.last_attempted_at,
             ),
         )
 
@@ -279,6 +294,11 @@ _CLAIM_COLUMNS = (
     "max_attempts",
     "checkpoint",
     "retry_backoff",
+    "key",
+    "task_options",
+    "enqueued_at",
+    "started_at",
+    "last_attempted_at",
 )
 
 
@@ -289,6 +309,7 @@ def _claimed(row: Sequence[Any]) -> ClaimedJob:
     values = dict(zip(_CLAIM_COLUMNS, row, strict=True))
     args, kwargs = _json(values["args"]), _json(values["kwargs"])
     backoff = _json(values["retry_backoff"])
+    options = _json(values["task_options"])
     problems = []
     # Rows written by hand or by another program: a wrong JSON type must fail this job,
     # never reach the task call (or the worker's own bookkeeping).
@@ -318,7 +339,22 @@ def _claimed(row: Sequence[Any]) -> ClaimedJob:
         checkpoint=_json(values["checkpoint"]),
         retry_backoff=backoff,
         problem="the job row is malformed: " + "; ".join(problems) if problems else None,
+        key=values["key"],
+        task_options=options if isinstance(options, dict) else None,
+        enqueued_at=_datetime(values["enqueued_at"]),
+        started_at=_datetime(values["started_at"]),
+        last_attempted_at=_datetime(values["last_attempted_at"]),
     )
+
+
+def _datetime(value: Any) -> datetime | None:
+    """A datetime column read through a raw cursor (SQLite gives text, in UTC)."""
+    if value is None or isinstance(value, datetime):
+        return value
+    parsed = parse_datetime(str(value))
+    if parsed is not None and parsed.tzinfo is None and settings.USE_TZ:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed
 
 
 def _json_type(value: Any) -> str:
@@ -350,6 +386,10 @@ class NewJob:
     retry_backoff: dict[str, float] | None
     run_after: datetime | None
     """None: runnable at once (the database's now)."""
+    task_options: dict[str, Any] | None = None
+    """The options the enqueued Task had set that no other column keeps exactly (its own
+    ``run_after``, ``max_attempts``, ``max_stalls``), so that ``get_result`` rebuilds the
+    same Task; None when it set none of them."""
 
 
 _INSERT_COLUMNS = (
@@ -364,6 +404,7 @@ _INSERT_COLUMNS = (
     "timeout",
     "key",
     "retry_backoff",
+    "task_options",
     "status",
     "attempt",
     "stall_count",
@@ -393,6 +434,7 @@ def _job_values(job: NewJob) -> list[Any]:
         job.timeout,
         job.key,
         None if job.retry_backoff is None else json.dumps(job.retry_backoff),
+        None if job.task_options is None else json.dumps(job.task_options),
         JobStatus.PENDING.value,
         0,
         0,
@@ -825,6 +867,8 @@ class WriteResult:
     """Leases not written because another transaction holds their row locked
     (PostgreSQL): still held; write them again later. Every other lease asked for
     and missing from ``written`` was lost."""
+    finished_at: dict[tuple[int, int], datetime | None] = field(default_factory=dict)
+    """The job's ``finished_at`` as written (None: not finished, a retry is pending)."""
 
 
 def complete_many(
@@ -863,9 +907,15 @@ def complete_many(
         "WHERE j.id = v.column1 AND j.attempt = v.column2 "
         "AND j.locked_by = %s AND j.status = 'running' {mine}"
     )
-    rows, skipped = _fenced_batch(using, worker_id, (c.job_id for c in completions), update, params)
+    rows, skipped = _fenced_batch(
+        using, worker_id, (c.job_id for c in completions), update, params, ("finished_at",)
+    )
     succeeded = str(JobStatus.SUCCEEDED)
-    return WriteResult({(int(job), int(attempt)): succeeded for job, attempt in rows}, skipped)
+    return WriteResult(
+        {(int(job), int(attempt)): succeeded for job, attempt, _ in rows},
+        skipped,
+        {(int(job), int(attempt)): _datetime(finished) for job, attempt, finished in rows},
+    )
 
 
 def fail_many(
@@ -930,9 +980,11 @@ def fail_many(
             (f.job_id for f in failures),
             update,
             params,
-            ("status", "last_attempted_at"),
+            ("status", "last_attempted_at", "finished_at"),
         )
-        written = [(int(job), int(attempt), status, began) for job, attempt, status, began in rows]
+        written = [
+            (int(job), int(attempt), status, began) for job, attempt, status, began, _ in rows
+        ]
         if written:
             _insert_attempt_values(
                 [(by_lease[(job_id, attempt)], started) for job_id, attempt, _, started in written],
@@ -940,7 +992,9 @@ def fail_many(
                 using,
             )
     return WriteResult(
-        {(job_id, attempt): str(status) for job_id, attempt, status, _ in written}, skipped
+        {(job_id, attempt): str(status) for job_id, attempt, status, _ in written},
+        skipped,
+        {(int(row[0]), int(row[1])): _datetime(row[4]) for row in rows},
     )
 
 

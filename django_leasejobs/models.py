@@ -91,6 +91,12 @@ class Job(models.Model):
         blank=True,
         help_text="This job's backoff policy; null = the task's or backend's.",
     )
+    task_options = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="Options the enqueued task had set (run_after, max_attempts, max_stalls), "
+        "so get_result() returns the same task; null = none.",
+    )
 
     progress = models.FloatField(null=True, blank=True)
     progress_message = models.CharField(max_length=255, blank=True, default="")

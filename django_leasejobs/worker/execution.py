@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backend import live_result
-from ..compat import TaskContext, TaskResult
+from ..backend import live_result, task_as_enqueued, task_error
+from ..compat import Task, TaskContext, TaskError, TaskResult
 from ..exceptions import InvalidTaskArguments, UnknownTask
 from ..leases import (
     MAX_PROGRESS_MESSAGE_LENGTH,
@@ -139,17 +139,45 @@ def error_info(exc: BaseException) -> ErrorInfo:
     return ErrorInfo(exception_class_path=path, message=storable_text(exc), traceback=trace)
 
 
-def _task_result(spec: JobSpec, task: Any) -> TaskResult:
-    job = spec.job
-    return live_result(
+def running_result(
+    job: ClaimedJob,
+    task: Task,
+    backend: str,
+    worker_id: str,
+    *,
+    status: str = JobStatus.RUNNING,
+    return_value: Any = None,
+) -> TaskResult:
+    """The django.tasks view of a claimed attempt, from what its claim returned: the
+    task as it was enqueued, and the job's enqueue, first start and this attempt's
+    start times (for ``task_started`` and the task's context)."""
+    enqueued = task_as_enqueued(
         task,
+        backend=backend,
+        priority=job.priority,
+        queue=job.queue,
+        task_options=job.task_options,
+        timeout=job.timeout,
+        key=job.key,
+        retry_backoff=job.retry_backoff,
+    )
+    return live_result(
+        enqueued,
         job.id,
-        JobStatus.RUNNING,
+        status,
         job.args,
         job.kwargs,
-        spec.backend,
-        worker_ids=[spec.worker_id],
+        backend,
+        enqueued_at=job.enqueued_at,
+        started_at=job.started_at,
+        last_attempted_at=job.last_attempted_at,
+        worker_ids=[worker_id],
+        return_value=return_value,
     )
+
+
+def error_as_task_error(error: ErrorInfo) -> TaskError:
+    return task_error(error.exception_class_path, error.message, error.traceback)
 
 
 def execute(
@@ -172,7 +200,7 @@ def execute(
     try:
         if task.takes_context:
             context = JobContext(
-                task_result=_task_result(spec, task),
+                task_result=running_result(job, task, spec.backend, spec.worker_id),
                 job_id=job.id,
                 attempt_number=job.attempt,
                 worker_id=spec.worker_id,

@@ -28,6 +28,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import FrameType
 from typing import Any, Literal
 
@@ -36,14 +37,15 @@ from django.db.models.functions import Now
 from django.utils.crypto import get_random_string
 
 from .. import registry
-from ..backend import STATUS_TO_RESULT, LeaseJobsBackend, live_result
+from ..backend import STATUS_TO_RESULT, LeaseJobsBackend, attempt_history
 from ..compat import Task, TaskResult, task_backends, task_finished, task_started
+from ..exceptions import TaskFailed
 from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress, storable_text
-from ..models import AttemptOutcome, JobStatus, WorkerState
+from ..models import AttemptOutcome, JobAttempt, JobStatus, WorkerState
 from ..models import Worker as WorkerRow
 from ..retry import Backoff
 from ..signals import job_failed, job_started, job_succeeded, lease_lost
-from .execution import JobSpec, Outcome
+from .execution import JobSpec, Outcome, error_as_task_error, running_result
 from .heartbeat import Heartbeat, Reaper, Watchdog
 from .listener import Listener
 from .pools import Event, ProcessPool, ProgressEvent, ThreadPool
@@ -109,6 +111,11 @@ class RunningJob:
     recording_since: float | None = None
     """When the outcome was first queued for writing (monotonic): past the local lease
     deadline the worker gives it up instead of renewing the lease for ever."""
+    finished_at: datetime | None = None
+    """The job's ``finished_at`` as the round wrote it (for ``task_finished``)."""
+    history: list[JobAttempt] | None = None
+    """The job's attempt rows after the round wrote its outcome (for ``task_finished``
+    of a job with earlier attempts; None when not needed)."""
 
 
 class Worker:
@@ -524,7 +531,7 @@ class Worker:
         """Sort the queued outcomes into a round; drop those whose lease is presumed lost."""
         writes = self._writes[:MAX_ROUND_WRITES]
         del self._writes[:MAX_ROUND_WRITES]
-        plan = RoundPlan(claim_limit=claim_limit)
+        plan = RoundPlan(claim_limit=claim_limit, history=bool(task_finished.receivers))
         now = time.monotonic()
         deadline = self.options.local_lease_deadline
         for running, what in writes:
@@ -554,6 +561,10 @@ class Worker:
         self._round = None
         result: RoundResult = future.result()
         requeue: list[tuple[RunningJob, Any]] = []
+        finishing = [r for r, _ in plan.successes] + [r for r, *_ in plan.failures]
+        for running in finishing:
+            running.finished_at = result.finished_at.get(running.job.lease)
+            running.history = result.history.get(running.job.id)
         for running, outcome in plan.successes:
             if not result.wrote_successes or running.job.lease in result.skipped:
                 requeue.append((running, outcome))
@@ -976,21 +987,18 @@ class Worker:
             ),
         )
         self._send(job_failed, job, task_path=job.task_path, status=status, error=error)
-        self._announce_finish(running, status, None)
+        self._announce_finish(running, status, None, error)
 
     # ------------------------------------------------------------------ django.tasks signals
 
     def _task_result(self, running: RunningJob, status: str, result: Any) -> TaskResult:
         """The in-memory django.tasks view of this attempt, for the signals' receivers."""
-        job = running.job
-        return live_result(
+        return running_result(
+            running.job,
             running.task,  # type: ignore[arg-type] # only called when the task resolved
-            job.id,
-            status,
-            job.args,
-            job.kwargs,
             self.backend.alias,
-            worker_ids=[self.worker_id],
+            self.worker_id,
+            status=status,
             return_value=result,
         )
 
@@ -1009,19 +1017,42 @@ class Worker:
             running.task_result = self._task_result(running, JobStatus.RUNNING, None)
             task_started.send_robust(type(self.backend), task_result=running.task_result)
 
-    def _announce_finish(self, running: RunningJob, status: str, result: Any) -> None:
-        if running.task is not None and status != JobStatus.PENDING and task_finished.receivers:
-            task_finished.send_robust(
-                type(self.backend), task_result=self._finished_result(running, status, result)
-            )
+    def _announce_finish(
+        self, running: RunningJob, status: str, result: Any, error: ErrorInfo | None = None
+    ) -> None:
+        if running.task is None or status == JobStatus.PENDING or not task_finished.receivers:
+            return
+        finished = self._finished_result(running, status, result, error)
+        if error is None:
+            task_finished.send_robust(type(self.backend), task_result=finished)
+            return
+        # Sent while an exception is being handled, as Django's own runner does: its log
+        # line (ERROR ... state=FAILED) and error trackers then carry the attempt's error.
+        try:
+            raise TaskFailed(error, running.job.id, running.job.attempt, self.worker_id)
+        except TaskFailed:
+            task_finished.send_robust(type(self.backend), task_result=finished)
 
-    def _finished_result(self, running: RunningJob, status: str, result: Any) -> TaskResult:
-        """The started job's TaskResult with its final status (a copy: no second
-        validation of the arguments, which costs more than the rest of a short job)."""
+    def _finished_result(
+        self, running: RunningJob, status: str, result: Any, error: ErrorInfo | None
+    ) -> TaskResult:
+        """The started job's TaskResult with its final status, when it finished, every
+        attempt's error and worker (a copy: no second validation of the arguments,
+        which costs more than the rest of a short job)."""
         if running.task_result is None:
-            return self._task_result(running, status, result)
-        finished = copy.copy(running.task_result)
+            finished = self._task_result(running, status, result)
+        else:
+            finished = copy.copy(running.task_result)
+        job = running.job
+        if running.history is not None:
+            errors, worker_ids = attempt_history(running.history, job.attempt, self.worker_id)
+        else:  # a first attempt: nothing before it, so no query was needed
+            errors = [] if error is None else [error_as_task_error(error)]
+            worker_ids = [self.worker_id]
         object.__setattr__(finished, "status", STATUS_TO_RESULT[JobStatus(status)])
+        object.__setattr__(finished, "finished_at", running.finished_at)
+        object.__setattr__(finished, "errors", errors)
+        object.__setattr__(finished, "worker_ids", worker_ids)
         if status == JobStatus.SUCCEEDED:
             object.__setattr__(finished, "_return_value", result)
         return finished

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import InterfaceError, OperationalError, connections
@@ -28,6 +29,7 @@ from django.db import InterfaceError, OperationalError, connections
 from .. import leases
 from ..exceptions import LeaseLost, RowLocked
 from ..leases import ClaimedJob, Completion, ErrorInfo, Failure, WriteResult, storable_text
+from ..models import JobAttempt, JobStatus
 
 if TYPE_CHECKING:
     from .loop import RunningJob
@@ -48,6 +50,9 @@ class RoundPlan:
     unclaims: list[tuple[RunningJob, Any]] = field(default_factory=list)
     """Prefetched jobs that never started, given back."""
     claim_limit: int = 0
+    history: bool = False
+    """Fetch the attempt rows of jobs that finish in this round after an earlier attempt
+    (``task_finished`` receivers get every attempt's error and worker)."""
 
     @property
     def writes(self) -> int:
@@ -73,6 +78,9 @@ class RoundResult:
     """Outcomes the database refused as they were, recorded as this failure instead."""
     skipped: set[Lease] = field(default_factory=set)
     unwritable: dict[Lease, str] = field(default_factory=dict)
+    finished_at: dict[Lease, datetime | None] = field(default_factory=dict)
+    history: dict[int, list[JobAttempt]] = field(default_factory=dict)
+    """Attempt rows per job id, when the plan asked for them."""
     singles_done: list[bool] = field(default_factory=list)
     """Per single transition, in order: True = written, False = the lease was lost."""
     unclaimed: frozenset[Lease] | None = None
@@ -139,6 +147,8 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
             result.singles_done.append(False)
         else:
             result.singles_done.append(True)
+    if plan.history:
+        _fetch_history(plan, ctx, result)
     if plan.unclaims:
         given_back = [r.job.lease for r, _ in plan.unclaims]
         result.unclaimed = leases.unclaim(worker, given_back, using=using)
@@ -156,6 +166,19 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
 def _note(result: RoundResult, written: WriteResult) -> None:
     result.statuses.update(written.written)
     result.skipped.update(written.skipped)
+    result.finished_at.update(written.finished_at)
+
+
+def _fetch_history(plan: RoundPlan, ctx: RoundContext, result: RoundResult) -> None:
+    """The attempt rows of the jobs this round finished that had earlier attempts."""
+    finished = {str(s) for s in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)}
+    jobs = [r.job for r, _ in plan.successes] + [r.job for r, *_ in plan.failures]
+    wanted = {
+        job.id for job in jobs if job.attempt > 1 and result.statuses.get(job.lease, "") in finished
+    }
+    if wanted:
+        for row in JobAttempt.objects.using(ctx.database).filter(job_id__in=wanted):
+            result.history.setdefault(row.job_id, []).append(row)
 
 
 def _write_successes(

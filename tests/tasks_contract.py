@@ -1,0 +1,70 @@
+"""Tasks for tests/test_tasks_contract.py: one per kind of outcome."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from django_leasejobs import task
+
+ONCE = {"max_attempts": 1}
+
+
+@task(max_attempts=2, retry_backoff={"base": 0, "jitter": 0})
+def fails_twice(message: str) -> None:
+    raise ValueError(message)
+
+
+@task(takes_context=True)
+def report_context(context: Any) -> dict[str, Any]:
+    """Return what the task's context says about the running job."""
+    result = context.task_result
+
+    def moment(value: Any) -> str | None:
+        return None if value is None else value.isoformat()
+
+    return {
+        "id": result.id,
+        "status": str(result.status),
+        "enqueued_at": moment(result.enqueued_at),
+        "started_at": moment(result.started_at),
+        "last_attempted_at": moment(result.last_attempted_at),
+        "finished_at": moment(result.finished_at),
+        "attempt": context.attempt,
+    }
+
+
+@task(**ONCE)
+def raises_value_error() -> None:
+    raise ValueError("plain failure")
+
+
+@task(**ONCE)
+def raises_keyboard_interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+@task(**ONCE)
+def raises_system_exit() -> None:
+    sys.exit(3)
+
+
+@task(**ONCE)
+def returns_a_set() -> Any:
+    return {1, 2}
+
+
+@task(takes_context=True, timeout=0.5, **ONCE)
+def overruns_its_timeout(context: Any) -> None:
+    # Runs until the worker stops it (process pool: killed; thread pool: flagged).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not context.lease_lost:
+        time.sleep(0.02)
+
+
+@task(**ONCE)
+def kills_itself() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
