@@ -10,7 +10,9 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
@@ -28,7 +30,7 @@ from .compat import (
     TaskResultStatus,
     task_enqueued,
 )
-from .conf import E_UNKNOWN_DATABASE, Options, Problem, parse_options
+from .conf import E_APP_NOT_INSTALLED, E_UNKNOWN_DATABASE, Options, Problem, parse_options
 from .exceptions import InvalidTaskArguments
 from .lease_task import LeaseTask
 from .leases import NewJob
@@ -248,6 +250,21 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
                 f"TASKS[{self.alias!r}] is misconfigured: "
                 + " ".join(f"[{p.id}] {p.msg}" for p in errors)
             )
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """Run by Django's tasks system check (and the backport's) for every backend."""
+        messages = list(super().check(**kwargs))
+        if not apps.is_installed("django_leasejobs"):
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses the LeaseJobs backend, but 'django_leasejobs' "
+                    "is not in INSTALLED_APPS: its tables, admin and commands are missing.",
+                    hint="Add 'django_leasejobs' to INSTALLED_APPS and run migrate.",
+                    obj=f"TASKS[{self.alias!r}]",
+                    id=E_APP_NOT_INSTALLED,
+                )
+            )
+        return messages
 
     def validate_task(self, task: Task) -> None:
         problem = task_field_problem(task)

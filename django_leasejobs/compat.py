@@ -53,11 +53,17 @@ else:
             task,
             task_backends,
         )
+        from django_tasks import exceptions as _backport_exceptions
         from django_tasks.backends.base import BaseTaskBackend
         from django_tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskError
-        from django_tasks.exceptions import InvalidTaskError as InvalidTask
         from django_tasks.exceptions import TaskResultDoesNotExist
         from django_tasks.signals import task_enqueued, task_finished, task_started
+
+        # The backport calls it InvalidTaskError up to 0.12 and InvalidTask (Django 6's
+        # name) on its main branch: take whichever this release has.
+        InvalidTask = getattr(_backport_exceptions, "InvalidTask", None)
+        if InvalidTask is None:
+            InvalidTask = _backport_exceptions.InvalidTaskError
 
         USING_BACKPORT = True
 

@@ -17,6 +17,7 @@ from django.test import override_settings
 from django_leasejobs import checks as leasejobs_checks
 from django_leasejobs.compat import USING_BACKPORT
 from django_leasejobs.conf import (
+    E_APP_NOT_INSTALLED,
     E_BAD_VALUE,
     E_DATABASE_FEATURES,
     E_DURATION_TOO_LONG,
@@ -42,6 +43,7 @@ ALL_IDS = {
     E_UNKNOWN_DATABASE,
     E_DATABASE_FEATURES,
     E_DURATION_TOO_LONG,
+    E_APP_NOT_INSTALLED,
     W_HEARTBEAT_TOO_SLOW,
     W_LEASE_TOO_SHORT,
     W_POLL_TOO_FAST,
@@ -83,7 +85,7 @@ def _no_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_ids_are_stable() -> None:
-    expected = {f"leasejobs.E00{n}" for n in range(1, 8)} | {
+    expected = {f"leasejobs.E00{n}" for n in range(1, 9)} | {
         f"leasejobs.W00{n}" for n in range(1, 5)
     }
     assert expected == ALL_IDS
@@ -470,3 +472,23 @@ def test_a_lease_too_long_fails_check_and_the_worker_refuses_to_start(
     warned = run_manage(["check"], env=env)
     assert warned.returncode == 0, warned.stderr
     assert "leasejobs.W003" in warned.stdout + warned.stderr
+
+
+# --------------------------------------------------------------------------- the app itself
+
+
+def test_the_backend_without_the_app_installed_is_a_system_check_error() -> None:
+    from django_leasejobs.compat import task_backends
+
+    backend = task_backends["default"]
+    assert [m for m in backend.check() if str(m.id).startswith("leasejobs.")] == []
+    without = [app for app in settings.INSTALLED_APPS if app != "django_leasejobs"]
+    with override_settings(INSTALLED_APPS=without):
+        [message] = [m for m in backend.check() if str(m.id).startswith("leasejobs.")]
+        # Django's tasks check (the backport's, on 5.2) runs every backend's check().
+        reported = [m for m in run_checks() if m.id == E_APP_NOT_INSTALLED]
+    assert message.id == E_APP_NOT_INSTALLED == "leasejobs.E008"
+    assert message.level == checks.ERROR
+    assert "'django_leasejobs' is not in INSTALLED_APPS" in message.msg
+    assert message.hint == "Add 'django_leasejobs' to INSTALLED_APPS and run migrate."
+    assert len(reported) == 1

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import django
 import pytest
 from django.utils import timezone
 
@@ -280,3 +281,27 @@ def test_backoff_values_round_trip_as_backoff_objects() -> None:
     policy = Backoff(base=3, factor=1.5, cap=30, jitter=0)
     result = tasks.add.using(retry_backoff=policy).enqueue(1, 2)
     assert backend().get_result(result.id).task.retry_backoff == policy
+
+
+# --------------------------------------------------------------------------- decorators
+
+
+def test_djangos_own_decorator_takes_this_backends_options_where_django_passes_them() -> None:
+    """``@django.tasks.task(max_attempts=5)`` builds this backend's ``LeaseTask`` where
+    Django's decorator passes extra keywords to the backend's ``task_class``: Django 6.1+
+    and the 5.2 backport. Django 6.0's decorator takes no extra keywords (TypeError);
+    ``django_leasejobs.task`` takes them on every line."""
+    from django_leasejobs.compat import USING_BACKPORT
+    from django_leasejobs.compat import task as django_task
+    from django_leasejobs.lease_task import LeaseTask
+
+    if not USING_BACKPORT and django.VERSION[:2] == (6, 0):
+        with pytest.raises(TypeError):
+            django_task(max_attempts=5)
+    else:
+        declared = django_task(max_attempts=5)(tasks_contract.plain_function)
+        assert isinstance(declared, LeaseTask)
+        assert declared.max_attempts == 5
+    plain = django_task(tasks_contract.plain_function)
+    assert isinstance(plain, LeaseTask)  # the backend's task_class on every line
+    assert plain.max_attempts is None
