@@ -39,6 +39,7 @@ import math
 import os
 import platform
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -100,6 +101,7 @@ SMOKE_SIZES = {
     "cover": 2,
 }
 
+LOG_HEADER = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ (?P<level>[A-Z]+) (?P<logger>\S+) \d+ ")
 TICK = 0.05  # seconds between passes of the soak's loop
 FEED_CHUNK = 500  # jobs per bulk_enqueue at most
 SLOTS_GONE_WITHIN = 3.0  # a SIGKILLed worker's job processes must be gone within this
@@ -1120,24 +1122,31 @@ class Soak:
         return verdict
 
     def scan_logs(self) -> dict[str, Any]:
-        """What the workers logged at ERROR and the tracebacks they printed: no verdict, but
-        a traceback in a run that passed is worth reading (a bug the rules do not see)."""
+        """What the workers logged at ERROR, and the tracebacks they printed other than the
+        ones django.tasks logs with a failed task (every poison job has some). No verdict,
+        but a traceback in a run that passed is worth reading: a bug the rules do not see."""
         levels: Counter[str] = Counter()
         tracebacks: Counter[str] = Counter()
+        task_failures = 0
         for path in sorted(self.logs.glob("*.log")):
+            logger = ""
             lines = path.read_text(errors="replace").splitlines()
             for number, line in enumerate(lines):
-                for level in ("ERROR", "CRITICAL"):
-                    if f" {level} " in line:
-                        levels[level] += 1
-                if line.startswith("Traceback"):
-                    # The exception line: the first unindented line after the frames.
-                    last = next(
-                        (x for x in lines[number + 1 :] if x and not x.startswith(" ")), "?"
-                    )
-                    tracebacks[f"{path.stem}: {last[:160]}"] += 1
+                header = LOG_HEADER.match(line)
+                if header:
+                    levels[header["level"]] += 1
+                    logger = header["logger"]
+                if not line.startswith("Traceback"):
+                    continue
+                if logger in ("django_tasks", "django.tasks"):
+                    task_failures += 1
+                    continue
+                # The exception line: the first unindented line after the frames.
+                last = next((x for x in lines[number + 1 :] if x and not x.startswith(" ")), "?")
+                tracebacks[f"{path.stem} ({logger or 'no logger'}): {last[:160]}"] += 1
         return {
-            "error_lines": dict(levels),
+            "lines_by_level": dict(levels),
+            "task_failure_tracebacks": task_failures,
             "tracebacks": sum(tracebacks.values()),
             "traceback_kinds": dict(tracebacks.most_common(20)),
         }
@@ -1230,6 +1239,11 @@ def print_report(verdict: Verdict, meta: dict[str, Any]) -> None:
             str(info["explained_reruns_by_fault"]),
         ],
         [
+            "… of attempts that had finished",
+            f"{sum(info['explained_reruns_of_finished_attempts'].values()):,}",
+            str(info["explained_reruns_of_finished_attempts"]) + " (end record, outcome lost)",
+        ],
+        [
             "overlaps excused",
             f"{sum(info['overlaps_excused'].values()):,}",
             str(info["overlaps_excused"]),
@@ -1244,7 +1258,9 @@ def print_report(verdict: Verdict, meta: dict[str, Any]) -> None:
         [
             "tracebacks in worker logs",
             f"{info['worker_logs']['tracebacks']:,}",
-            f"ERROR lines: {info['worker_logs']['error_lines']}",
+            "besides failed tasks' (django.tasks): "
+            f"{info['worker_logs']['task_failure_tracebacks']:,}; lines by level: "
+            f"{info['worker_logs']['lines_by_level']}",
         ],
     ]
     print()

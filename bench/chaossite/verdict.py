@@ -25,6 +25,10 @@ DB_FAULTS = frozenset({TERMINATE, RESTART})
 # Relative frequency of each kind after the first covering rounds (every kind appears).
 FAULT_WEIGHTS = {KILL_WORKER: 20, KILL_SLOT: 25, STOP_WORKER: 15, TERMINATE: 30, RESTART: 10}
 
+# When several faults explain one re-run, the one it is put down to (for the recovery time):
+# a kill certainly ended the attempt, a stop certainly cost its lease, a restart cut every
+# connection, a terminated connection often costs nothing; the earliest of the first kind.
+CAUSE_RANK = {KILL_SLOT: 0, KILL_WORKER: 0, STOP_WORKER: 1, RESTART: 2, TERMINATE: 3}
 RESTART_BACK = "restart_postgres, from the server's return"  # recovery measured from t1
 
 HEALTHY_TASK = "chaossite.tasks.healthy"
@@ -368,6 +372,7 @@ def analyse(
     recovery: dict[str, list[float]] = defaultdict(list)
     explained = 0
     by_fault_kind: Counter[str] = Counter()
+    finished_before: Counter[str] = Counter()
     for job_id, runs in by_job.items():
         if job_id not in healthy_rows:
             continue
@@ -394,8 +399,10 @@ def analyse(
                 )
                 continue
             explained += 1
-            cause = max(causes, key=lambda f: f.t0)
+            cause = min(causes, key=lambda f: (CAUSE_RANK[f.kind], f.t0))
             by_fault_kind[cause.kind] += 1
+            if previous.end is not None:  # it had finished: its outcome was not recorded
+                finished_before[cause.kind] += 1
             recovery[cause.kind].append(current.start - cause.t0)
             if cause.kind == RESTART:
                 recovery[RESTART_BACK].append(current.start - cause.t1)
@@ -522,6 +529,7 @@ def analyse(
         ),
         "explained_reruns": explained,
         "explained_reruns_by_fault": dict(by_fault_kind),
+        "explained_reruns_of_finished_attempts": dict(finished_before),
         "overlaps_excused": dict(excused),
         "executions_without_known_end": unknown_end,
         "poison": poison_table,
