@@ -348,10 +348,11 @@ def _claimed(row: Sequence[Any]) -> ClaimedJob:
 
 
 def _datetime(value: Any) -> datetime | None:
-    """A datetime column read through a raw cursor (SQLite gives text, in UTC)."""
-    if value is None or isinstance(value, datetime):
-        return value
-    parsed = parse_datetime(str(value))
+    """A datetime column read through a raw cursor (SQLite gives text or a naive
+    datetime, in UTC; PostgreSQL an aware datetime)."""
+    if value is None:
+        return None
+    parsed = value if isinstance(value, datetime) else parse_datetime(str(value))
     if parsed is not None and parsed.tzinfo is None and settings.USE_TZ:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed
