@@ -1380,6 +1380,7 @@ def _reap_returning(
         "WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END, "
         "stall_count = stall_count + 1, locked_by = NULL, locked_until = NULL, "
         f"finished_at = CASE WHEN {terminal} THEN {now} ELSE NULL END, "
+        "cancel_requested = FALSE, "
         "last_error = %s "
         f"WHERE {where} RETURNING {', '.join(_REAP_RETURNING)}"
     )
@@ -1428,8 +1429,9 @@ def _reap_orm(stale_lock_age: float, backend: str | None, using: str) -> list[Re
             output_field=DateTimeField(),
         ),
         last_error=_REAP_ERROR.last_error,
-        # Last: MySQL evaluates SET left to right, and the CASEs above read the old count.
+        # Last: MySQL evaluates SET left to right, and the CASEs above read the old values.
         stall_count=F("stall_count") + 1,
+        cancel_requested=False,
     )
     rows = Job.objects.using(using).filter(pk__in=ids).values_list(*_REAP_RETURNING)
     return [_reaped(row) for row in rows]

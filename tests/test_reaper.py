@@ -474,3 +474,18 @@ def test_job_reaped_names_the_jobs_backend_when_reaping_every_backend(
     reaper.reap_once(stale_lock_age=0, backend=None, using="default")
 
     assert [(s["job_id"], s["backend"]) for s in reaped_signals] == [(job.pk, "other")]
+
+
+def test_a_reaped_cancel_requested_job_ends_cancelled_with_the_flag_cleared() -> None:
+    # Every transition that ends an attempt clears cancel_requested; the reap too.
+    job = make_job()
+    claim_one("worker-old", job.pk)
+    assert leases.cancel(job.pk) == leases.CancelResult.REQUESTED
+    expire(job.pk)
+
+    [reaped] = leases.reap()
+
+    assert reaped.status == JobStatus.CANCELLED
+    stored = row(job.pk)
+    assert (stored["status"], stored["cancel_requested"]) == (JobStatus.CANCELLED, False)
+    assert stored["finished_at"] is not None
