@@ -340,6 +340,11 @@ def analyse(
         if fault.kind == KILL_SLOT and fault.pid is not None:
             by_pid_faults[fault.pid].append(fault)
 
+    exits: dict[str, list[Fault]] = defaultdict(list)  # observed, not injected: no excuse
+    for fault in faults:
+        if fault.kind == "worker_exit" and fault.worker:
+            exits[fault.worker].append(fault)
+
     def faults_for(execution: Execution) -> list[Fault]:
         return [
             *by_worker_faults.get(execution.worker, []),
@@ -413,7 +418,8 @@ def analyse(
     for job_id, runs in by_job.items():
         ordered = sorted(runs, key=lambda e: e.start)
         for i, first in enumerate(ordered):
-            end, how = running_until(first, faults_for(first), alive_spans, worker_pools)
+            known = [*faults_for(first), *exits.get(first.worker, [])]
+            end, how = running_until(first, known, alive_spans, worker_pools)
             if end is None:
                 unknown_end += 1
                 details["executions_without_known_end"].append(asdict(first))
