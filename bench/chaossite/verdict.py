@@ -26,8 +26,9 @@ DB_FAULTS = frozenset({TERMINATE, RESTART})
 FAULT_WEIGHTS = {KILL_WORKER: 20, KILL_SLOT: 25, STOP_WORKER: 15, TERMINATE: 30, RESTART: 10}
 
 # When several faults explain one re-run, the one it is put down to (for the recovery time):
-# a kill certainly ended the attempt, a stop certainly cost its lease, a restart cut every
-# connection, a terminated connection often costs nothing; the earliest of the first kind.
+# first those that began while the attempt ran (not before it started: it survived those);
+# then a kill (it certainly ended the attempt), a stop (it certainly cost the lease), a
+# restart (it cut every connection), a terminated connection (often harmless); the earliest.
 CAUSE_RANK = {KILL_SLOT: 0, KILL_WORKER: 0, STOP_WORKER: 1, RESTART: 2, TERMINATE: 3}
 RESTART_BACK = "restart_postgres, from the server's return"  # recovery measured from t1
 
@@ -404,7 +405,7 @@ def analyse(
                 )
                 continue
             explained += 1
-            cause = min(causes, key=lambda f: (CAUSE_RANK[f.kind], f.t0))
+            cause = min(causes, key=lambda f: (f.t0 < previous.start, CAUSE_RANK[f.kind], f.t0))
             by_fault_kind[cause.kind] += 1
             if previous.end is not None:  # it had finished: its outcome was not recorded
                 finished_before[cause.kind] += 1
