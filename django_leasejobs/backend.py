@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from django.apps import apps
 from django.conf import settings
@@ -84,32 +84,41 @@ def task_error(error_class: str, message: str, traceback: str) -> TaskError:
     )
 
 
-def task_as_enqueued(
-    base: Task,
-    *,
-    backend: str,
-    priority: int,
-    queue: str,
-    task_options: Mapping[str, Any] | None,
-    timeout: float | None,
-    key: str | None,
-    retry_backoff: Mapping[str, float] | None,
-) -> Task:
-    """The declared task ``base`` with the options a job was enqueued with, and only
+class EnqueuedOptions(Protocol):
+    """The columns of a job that make its task as enqueued (a ``Job`` or a claim)."""
+
+    @property
+    def priority(self) -> int: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def task_options(self) -> Any: ...
+    @property
+    def timeout(self) -> float | None: ...
+    @property
+    def key(self) -> str | None: ...
+    @property
+    def retry_backoff(self) -> Any: ...
+
+
+def task_as_enqueued(base: Task, job: EnqueuedOptions, backend: str) -> Task:
+    """The declared task ``base`` with the options ``job`` was enqueued with, and only
     those: an option the enqueued task never set stays unset (``run_after`` None,
     ``max_attempts`` None...), whatever the job's own columns hold for running it."""
-    given = task_options if isinstance(task_options, Mapping) else {}
-    changes: dict[str, Any] = {"priority": priority, "queue_name": queue, "backend": backend}
+    given = job.task_options if isinstance(job.task_options, Mapping) else {}
+    changes: dict[str, Any] = {"priority": job.priority, "queue_name": job.queue}
+    changes["backend"] = backend
     if isinstance(given.get("run_after"), str):
         with contextlib.suppress(ValueError):
             changes["run_after"] = datetime.fromisoformat(given["run_after"])
     if isinstance(base, LeaseTask):
+        backoff = job.retry_backoff
         changes.update(
             max_attempts=given.get("max_attempts"),
             max_stalls=given.get("max_stalls"),
-            timeout=timeout,
-            key=key,
-            retry_backoff=None if retry_backoff is None else Backoff.from_value(retry_backoff),
+            timeout=job.timeout,
+            key=job.key,
+            retry_backoff=None if backoff is None else Backoff.from_value(backoff),
         )
     try:
         return base.using(**changes)
@@ -499,13 +508,4 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
 
     def _task_for(self, job: Job) -> Task:
         """The task this job was enqueued with (see :func:`task_as_enqueued`)."""
-        return task_as_enqueued(
-            registry.resolve(job.task_path),
-            backend=self.alias,
-            priority=job.priority,
-            queue=job.queue,
-            task_options=job.task_options,
-            timeout=job.timeout,
-            key=job.key,
-            retry_backoff=job.retry_backoff,
-        )
+        return task_as_enqueued(registry.resolve(job.task_path), job, self.alias)

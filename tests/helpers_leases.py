@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -137,3 +138,38 @@ def run_in_threads(
     if errors:
         raise errors[0]
     return results
+
+
+@contextmanager
+def refusing_to_finish(job_id: int) -> Iterator[None]:
+    """The database refuses every write that finishes ``job_id`` (succeeded, failed,
+    cancelled), through a trigger, while letting the reaper put it back or end it dead:
+    an outcome no fallback can record. Dropped on exit."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "CREATE OR REPLACE FUNCTION leasejobs_test_refuse() RETURNS trigger AS $$ "
+                "BEGIN RAISE EXCEPTION 'refused by the test trigger'; END $$ LANGUAGE plpgsql"
+            )
+            cursor.execute(
+                "CREATE TRIGGER leasejobs_test_refuse BEFORE UPDATE ON leasejobs_job "
+                f"FOR EACH ROW WHEN (OLD.id = {int(job_id)} "
+                "AND NEW.status IN ('succeeded', 'failed', 'cancelled')) "
+                "EXECUTE FUNCTION leasejobs_test_refuse()"
+            )
+        else:
+            cursor.execute(
+                "CREATE TRIGGER leasejobs_test_refuse BEFORE UPDATE ON leasejobs_job "
+                f"FOR EACH ROW WHEN OLD.id = {int(job_id)} "
+                "AND NEW.status IN ('succeeded', 'failed', 'cancelled') "
+                "BEGIN SELECT RAISE(ABORT, 'refused by the test trigger'); END"
+            )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("DROP TRIGGER IF EXISTS leasejobs_test_refuse ON leasejobs_job")
+                cursor.execute("DROP FUNCTION IF EXISTS leasejobs_test_refuse()")
+            else:
+                cursor.execute("DROP TRIGGER IF EXISTS leasejobs_test_refuse")

@@ -37,6 +37,7 @@ from tests.helpers_leases import (
     expire,
     make_job,
     make_jobs,
+    refusing_to_finish,
     row,
 )
 
@@ -266,37 +267,6 @@ def test_a_failure_the_database_refuses_is_replaced_by_one_saying_why() -> None:
     for c in jobs[1:]:
         [attempt] = attempt_rows(c.id)
         assert (attempt.error_class, attempt.error_message) == ("builtins.ValueError", "boom")
-
-
-@contextmanager
-def refusing_to_finish(job_id: int) -> Iterator[None]:
-    """The database refuses every write that finishes ``job_id`` (a trigger)."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "CREATE OR REPLACE FUNCTION leasejobs_test_refuse() RETURNS trigger AS $$ "
-                "BEGIN RAISE EXCEPTION 'refused by the test trigger'; END $$ LANGUAGE plpgsql"
-            )
-            cursor.execute(
-                "CREATE TRIGGER leasejobs_test_refuse BEFORE UPDATE ON leasejobs_job "
-                f"FOR EACH ROW WHEN (OLD.id = {int(job_id)} AND NEW.status <> 'running') "
-                "EXECUTE FUNCTION leasejobs_test_refuse()"
-            )
-        else:
-            cursor.execute(
-                "CREATE TRIGGER leasejobs_test_refuse BEFORE UPDATE ON leasejobs_job "
-                f"FOR EACH ROW WHEN OLD.id = {int(job_id)} AND NEW.status <> 'running' "
-                "BEGIN SELECT RAISE(ABORT, 'refused by the test trigger'); END"
-            )
-    try:
-        yield
-    finally:
-        with connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute("DROP TRIGGER IF EXISTS leasejobs_test_refuse ON leasejobs_job")
-                cursor.execute("DROP FUNCTION IF EXISTS leasejobs_test_refuse()")
-            else:
-                cursor.execute("DROP TRIGGER IF EXISTS leasejobs_test_refuse")
 
 
 @db

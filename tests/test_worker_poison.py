@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
 from django_leasejobs.models import Worker as WorkerRow
 from tests import tasks_worker_poison as poison
+from tests.helpers_leases import refusing_to_finish
 from tests.tasks_worker_shutdown import record_job, slow_job
 from tests.worker_harness import wait_until
 
@@ -141,40 +142,6 @@ def test_rows_with_wrong_json_types_fail_as_their_own_attempt(
         assert "nothing was called" in attempt.error_message
 
 
-def _refuse_finishing(job_id: int) -> None:
-    """A trigger that makes the database refuse every write finishing this job (success,
-    failure, cancel) while letting the reaper put it back: an outcome no fallback can
-    record, the worst case of a bad outcome."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "CREATE OR REPLACE FUNCTION leasejobs_test_refuse() RETURNS trigger AS $$ "
-                "BEGIN RAISE EXCEPTION 'refused by the test trigger'; END $$ LANGUAGE plpgsql"
-            )
-            cursor.execute(
-                "CREATE TRIGGER leasejobs_test_refuse BEFORE UPDATE ON leasejobs_job "
-                f"FOR EACH ROW WHEN (OLD.id = {int(job_id)} "
-                "AND NEW.status IN ('succeeded', 'failed', 'cancelled')) "
-                "EXECUTE FUNCTION leasejobs_test_refuse()"
-            )
-        else:
-            cursor.execute(
-                "CREATE TRIGGER leasejobs_test_refuse BEFORE UPDATE ON leasejobs_job "
-                f"FOR EACH ROW WHEN OLD.id = {int(job_id)} "
-                "AND NEW.status IN ('succeeded', 'failed', 'cancelled') "
-                "BEGIN SELECT RAISE(ABORT, 'refused by the test trigger'); END"
-            )
-
-
-def _drop_refusal() -> None:
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("DROP TRIGGER IF EXISTS leasejobs_test_refuse ON leasejobs_job")
-            cursor.execute("DROP FUNCTION IF EXISTS leasejobs_test_refuse()")
-        else:
-            cursor.execute("DROP TRIGGER IF EXISTS leasejobs_test_refuse")
-
-
 @pytest.mark.parametrize("pool", POOLS)
 def test_an_outcome_the_database_refuses_is_given_up_and_reaped(
     workers, marker_dir: str, pool: str
@@ -184,8 +151,7 @@ def test_an_outcome_the_database_refuses_is_given_up_and_reaped(
     # retrying for ever, say so on its registry row, and go on with the others; the
     # reaper takes the job back, and MAX_STALLS makes it a dead letter.
     refused = int(record_job.using(max_stalls=2, max_attempts=5).enqueue(marker_dir, "r").id)
-    _refuse_finishing(refused)
-    try:
+    with refusing_to_finish(refused):
         healthy = _healthy(marker_dir)
         worker = workers.start(args=["--pool", pool, "--concurrency", "2"])
         row = WorkerRow.objects.filter(state="running")
@@ -211,8 +177,6 @@ def test_an_outcome_the_database_refuses_is_given_up_and_reaped(
             timeout=30,
             what="jobs enqueued after the give-ups to succeed",
         )
-    finally:
-        _drop_refusal()
 
     job = Job.objects.get(pk=refused)
     assert (job.stall_count, job.attempt, job.locked_by) == (2, 2, None)

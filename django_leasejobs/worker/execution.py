@@ -151,18 +151,8 @@ def running_result(
     """The django.tasks view of a claimed attempt, from what its claim returned: the
     task as it was enqueued, and the job's enqueue, first start and this attempt's
     start times (for ``task_started`` and the task's context)."""
-    enqueued = task_as_enqueued(
-        task,
-        backend=backend,
-        priority=job.priority,
-        queue=job.queue,
-        task_options=job.task_options,
-        timeout=job.timeout,
-        key=job.key,
-        retry_backoff=job.retry_backoff,
-    )
     return live_result(
-        enqueued,
+        task_as_enqueued(task, job, backend),
         job.id,
         status,
         job.args,

@@ -19,10 +19,10 @@ This module only calls the lease protocol; it knows nothing of slots or signals.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
 
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .loop import RunningJob
 
 Lease = tuple[int, int]
+Row = TypeVar("Row", Completion, Failure)
 
 
 @dataclass(eq=False)
@@ -184,51 +185,63 @@ def _fetch_history(plan: RoundPlan, ctx: RoundContext, result: RoundResult) -> N
 def _write_successes(
     completions: Sequence[Completion], ctx: RoundContext, result: RoundResult
 ) -> None:
-    """All successes in one statement; if the database refuses the batch, row by row,
-    and a result it refuses is recorded as a failure of that attempt saying why."""
-    try:
-        _note(result, leases.complete_many(ctx.worker_id, completions, using=ctx.database))
-        return
-    except Exception as exc:
-        if is_connection_error(exc):
-            raise
-    for completion in completions:
-        try:
-            _note(result, leases.complete_many(ctx.worker_id, [completion], using=ctx.database))
-        except Exception as exc:
-            if is_connection_error(exc):
-                raise
-            error = ErrorInfo(
-                "django_leasejobs.exceptions.OutcomeNotStored",
-                f"the task returned, but the database refused its result: {_describe(exc)}",
-            )
-            failure = Failure(completion.job_id, completion.attempt, error, None)
-            _write_fallback(failure, ctx, result)
+    """All successes in one statement; a result the database refuses becomes a failure
+    of that attempt saying why."""
+
+    def refused(completion: Completion, exc: Exception) -> Failure:
+        error = ErrorInfo(
+            "django_leasejobs.exceptions.OutcomeNotStored",
+            f"the task returned, but the database refused its result: {_describe(exc)}",
+        )
+        return Failure(completion.job_id, completion.attempt, error, None)
+
+    def write(batch: Sequence[Completion]) -> WriteResult:
+        return leases.complete_many(ctx.worker_id, batch, using=ctx.database)
+
+    _write_batch(completions, write, refused, ctx, result)
 
 
 def _write_failures(failures: Sequence[Failure], ctx: RoundContext, result: RoundResult) -> None:
-    """All failures in one transaction; if the database refuses it, row by row, and an
-    error it refuses is replaced by one saying why."""
+    """All failures in one transaction; an error the database refuses is replaced by one
+    saying why (not retried: what the database refused once it would refuse again)."""
+
+    def refused(failure: Failure, exc: Exception) -> Failure:
+        error = ErrorInfo(
+            "django_leasejobs.exceptions.OutcomeNotStored",
+            f"the attempt failed ({failure.error.exception_class_path}), but the database "
+            f"refused its error: {_describe(exc)}",
+        )
+        return Failure(failure.job_id, failure.attempt, error, None, failure.outcome)
+
+    def write(batch: Sequence[Failure]) -> WriteResult:
+        return leases.fail_many(ctx.worker_id, batch, using=ctx.database)
+
+    _write_batch(failures, write, refused, ctx, result)
+
+
+def _write_batch(
+    items: Sequence[Row],
+    write: Callable[[Sequence[Row]], WriteResult],
+    refused: Callable[[Row, Exception], Failure],
+    ctx: RoundContext,
+    result: RoundResult,
+) -> None:
+    """The bulkhead: the whole batch in one write; if the database refuses it for a reason
+    other than the connection, row by row, and a row it refuses alone gets the failure
+    ``refused`` makes of it instead."""
     try:
-        _note(result, leases.fail_many(ctx.worker_id, failures, using=ctx.database))
+        _note(result, write(items))
         return
     except Exception as exc:
         if is_connection_error(exc):
             raise
-    for failure in failures:
+    for item in items:
         try:
-            _note(result, leases.fail_many(ctx.worker_id, [failure], using=ctx.database))
+            _note(result, write([item]))
         except Exception as exc:
             if is_connection_error(exc):
                 raise
-            error = ErrorInfo(
-                "django_leasejobs.exceptions.OutcomeNotStored",
-                f"the attempt failed ({failure.error.exception_class_path}), but the database "
-                f"refused its error: {_describe(exc)}",
-            )
-            # Not retried: what the database refused once it would refuse again.
-            replacement = Failure(failure.job_id, failure.attempt, error, None, failure.outcome)
-            _write_fallback(replacement, ctx, result)
+            _write_fallback(refused(item, exc), ctx, result)
 
 
 def _write_fallback(failure: Failure, ctx: RoundContext, result: RoundResult) -> None:
