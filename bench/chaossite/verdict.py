@@ -309,6 +309,7 @@ FAILING_COUNTS = (
     "overlaps",
     "non_last_successes",
     "poison_mismatches",
+    "stale_starts",
     "duplicate_attempt_starts",
     "unplanned_worker_exits",
     "orphaned_job_processes",
@@ -468,6 +469,24 @@ def analyse(
             details["non_last_successes"].append(
                 {"job": job_id, "task": row.task, "problems": problems}
             )
+
+    # Stale starts: an attempt may only start before every newer attempt of its job. A worker
+    # that starts attempt k after attempt k+1 began elsewhere runs a job it no longer holds.
+    for job_id, runs in by_job.items():
+        newest_start = math.inf
+        for execution in sorted(runs, key=lambda e: e.attempt, reverse=True):
+            if execution.start > newest_start:
+                counts["stale_starts"] += 1
+                details["stale_starts"].append(
+                    {
+                        "job": job_id,
+                        "task": execution.task,
+                        "stale": asdict(execution),
+                        "newer_attempt_started": newest_start,
+                        "late_by": execution.start - newest_start,
+                    }
+                )
+            newest_start = min(newest_start, execution.start)
 
     counts["duplicate_attempt_starts"] = len(duplicates)
     details["duplicate_attempt_starts"] = list(duplicates)
