@@ -21,7 +21,7 @@ What it does:
    the lease, ``pg_terminate_backend`` of the workers' connections, a restart of
    PostgreSQL; killed workers are replaced so the fleet stays at its size;
 5. stops the faults, lets the workers drain, stops them, and judges the run from the
-   ledger, the fault log and the database (see ``analyse`` and bench/README.md):
+   ledger, the fault log and the database (bench/chaossite/verdict.py, bench/README.md):
    lost jobs, unexplained re-runs, overlapping executions, successes by a non-last
    attempt, poison jobs in the wrong final state, and recovery times.
 
