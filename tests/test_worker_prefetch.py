@@ -100,3 +100,53 @@ def test_sigterm_gives_prefetched_jobs_back_at_once(workers: Workers, marker_dir
     assert Job.objects.get(pk=long_id).status == JobStatus.SUCCEEDED
     assert _given_back(quick_ids)
     assert not read_lines(marker_dir, "quick.ids")
+
+
+def test_a_worker_frozen_past_its_leases_never_starts_a_prefetched_job(
+    workers: Workers, marker_dir: str
+) -> None:
+    # Found by the chaos soak: a worker SIGSTOPped for longer than its lease resumed and
+    # handed a prefetched job to the slot freed meanwhile, before its watchdog noticed the
+    # lease was gone, so a job another worker had already run ran again.
+    from django_leasejobs import leases
+
+    first = workers.start(args=["--concurrency", "1", "--worker-id", "first"])
+    _warm_up(marker_dir)
+    _, quick_ids = _long_then_short(marker_dir, 8)
+    wait_until(lambda: read_lines(marker_dir, "long.started"), what="the long job to start")
+    first.signal(signal.SIGSTOP)  # well within PREFETCH_MAX_WAIT of the claim
+    try:
+        held = Job.objects.filter(pk__in=quick_ids, status=JobStatus.RUNNING, locked_by="first")
+        assert held.count() == 8, "the quick jobs were not prefetched: nothing to show"
+        # The long job finishes in its slot while the worker is frozen: a slot is free
+        # the moment it resumes.
+        (Path(marker_dir) / "long.gate").touch()
+        # The leases run out (2 s); a reaper takes the jobs back; another worker runs them.
+        wait_until(
+            lambda: len([r for r in leases.reap() if r.id in quick_ids]) or _reaped(quick_ids),
+            timeout=30,
+            what="the frozen worker's quick jobs to be reaped",
+        )
+        workers.start(args=["--concurrency", "1", "--worker-id", "second"])
+        wait_until(
+            lambda: Job.objects.filter(pk__in=quick_ids, status=JobStatus.SUCCEEDED).count() == 8,
+            timeout=60,
+            what="the second worker to run the quick jobs",
+        )
+    finally:
+        first.signal(signal.SIGCONT)
+    # On resuming, the frozen worker stops every job it still thought it had.
+    first.wait_for_log("lease lost for job", count=8, timeout=20)
+    runs = [line.split()[:2] for line in read_lines(marker_dir, "quick.ids")]
+    assert sorted(int(job_id) for job_id, _ in runs) == sorted(quick_ids), runs
+    assert {attempt for _, attempt in runs} == {"2"}  # attempt 1 was the frozen worker's
+    assert set(Job.objects.filter(pk__in=quick_ids).values_list("last_worker", flat=True)) == {
+        "second"
+    }
+    for worker in workers.started:
+        worker.terminate()
+    assert [worker.wait(timeout=30) for worker in workers.started] == [0, 0]
+
+
+def _reaped(ids: list[int]) -> bool:
+    return not Job.objects.filter(pk__in=ids, status=JobStatus.RUNNING).exists()

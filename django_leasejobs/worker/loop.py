@@ -708,8 +708,20 @@ class Worker:
 
     def _dispatch_ready(self) -> None:
         """Hand waiting jobs to free slots; route jobs stopped while they waited."""
+        deadline = self.options.local_lease_deadline
         while self.ready and (self.ready[0].stop_reason is not None or self.pool.free_slots()):
             running = self.ready.popleft()
+            silent = time.monotonic() - running.last_renewed
+            if running.stop_reason is None and silent > deadline:
+                # The worker was frozen or cut off while the job waited (and the watchdog
+                # has not run since): its lease may be another worker's by now. Never start
+                # a job on a lease the worker itself would call lost.
+                self.stop(
+                    running.job.lease,
+                    "lease_lost",
+                    f"no successful renewal for {silent:.1f}s while it waited for a slot "
+                    f"(local deadline {deadline:g}s): the worker was paused or cut off",
+                )
             with self.lock:
                 stopped = running.stop_reason is not None
                 if not stopped:
