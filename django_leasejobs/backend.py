@@ -101,11 +101,50 @@ class EnqueuedOptions(Protocol):
     def retry_backoff(self) -> Any: ...
 
 
+_ENQUEUED_TASKS: dict[tuple[Any, ...], tuple[Task, Task]] = {}
+_ENQUEUED_TASKS_MAX = 1024
+
+
 def task_as_enqueued(base: Task, job: EnqueuedOptions, backend: str) -> Task:
     """The declared task ``base`` with the options ``job`` was enqueued with, and only
     those: an option the enqueued task never set stays unset (``run_after`` None,
-    ``max_attempts`` None...), whatever the job's own columns hold for running it."""
+    ``max_attempts`` None...), whatever the job's own columns hold for running it.
+
+    Workers call this for every job they start: a task is rebuilt (and validated) once
+    per distinct set of options, then reused.
+    """
     given = job.task_options if isinstance(job.task_options, Mapping) else {}
+    try:
+        cache_key: tuple[Any, ...] | None = (
+            id(base),
+            backend,
+            job.priority,
+            job.queue,
+            job.timeout,
+            job.key,
+            _frozen(job.retry_backoff),
+            _frozen(given),
+        )
+        hash(cache_key)
+    except TypeError:  # a value that cannot be hashed (a malformed row): no cache
+        cache_key = None
+    if cache_key is not None:
+        cached = _ENQUEUED_TASKS.get(cache_key)
+        if cached is not None and cached[0] is base:
+            return cached[1]
+    task = _rebuild(base, job, backend, given)
+    if cache_key is not None:
+        if len(_ENQUEUED_TASKS) >= _ENQUEUED_TASKS_MAX:
+            _ENQUEUED_TASKS.clear()
+        _ENQUEUED_TASKS[cache_key] = (base, task)
+    return task
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(sorted(value.items())) if isinstance(value, Mapping) else value
+
+
+def _rebuild(base: Task, job: EnqueuedOptions, backend: str, given: Mapping[str, Any]) -> Task:
     changes: dict[str, Any] = {"priority": job.priority, "queue_name": job.queue}
     changes["backend"] = backend
     if isinstance(given.get("run_after"), str):

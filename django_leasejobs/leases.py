@@ -693,24 +693,23 @@ def renew(
         "WHERE j.id = v.column1 AND j.attempt = v.column2 "
         "AND j.status = 'running' AND j.locked_by = %s {mine}"
     )
-    rows, skipped = _fenced_batch(
-        using, worker_id, [job_id for job_id, _ in wanted], update, params, ("cancel_requested",)
-    )
+    rows, skipped = _fenced_batch(using, worker_id, wanted, update, params, ("cancel_requested",))
     return _renew_result(wanted, rows, skipped)
 
 
 def _fenced_batch(
     using: str,
     worker_id: str,
-    job_ids: Iterable[int],
+    asked: Iterable[tuple[int, int]],
     update: str,
     params: Sequence[Any],
     returning: Sequence[str] = (),
 ) -> tuple[list[tuple[Any, ...]], frozenset[tuple[int, int]]]:
     """Run a batched, fenced ``UPDATE ... AS j``; return its rows and the skipped leases.
 
-    ``update`` ends with its WHERE clause, which holds the fence and a ``{mine}``
-    placeholder. The rows returned are ``(id, attempt, *returning)`` per row written.
+    ``asked`` holds the leases the statement is for; ``update`` ends with its WHERE
+    clause, which holds the fence and a ``{mine}`` placeholder. The rows returned are
+    ``(id, attempt, *returning)`` per row written.
 
     On PostgreSQL the rows are first locked in id order with ``SKIP LOCKED`` (the
     order renewals, batched writes and the reaper all use, so they never deadlock),
@@ -725,26 +724,31 @@ def _fenced_batch(
         with connections[using].cursor() as cursor:
             cursor.execute(f"{update.format(mine='')}RETURNING {columns}", params)
             return [tuple(row) for row in cursor.fetchall()], frozenset()
-    ids = sorted(set(job_ids))
+    wanted = set(asked)
+    ids = sorted({job_id for job_id, _ in wanted})
     table = _job_table(using)
-    held_by_me = (
-        f"FROM {table} WHERE id IN ({_placeholders(len(ids))}) "
-        "AND locked_by = %s AND status = 'running'"
-    )
-    nulls = "".join(", NULL" for _ in returning)
+    held_by_me = "AND locked_by = %s AND status = 'running'"
     sql = (
-        f"WITH mine AS (SELECT id {held_by_me} ORDER BY id FOR UPDATE SKIP LOCKED), "  # noqa: S608 - identifiers quoted, values bound
-        f"done AS ({update.format(mine='AND j.id IN (SELECT id FROM mine) ')}"
-        f"RETURNING {', '.join(f'j.{c}' for c in ('id', 'attempt', *returning))}) "
-        f"SELECT {columns}, FALSE FROM done UNION ALL "
-        f"SELECT id, attempt{nulls}, TRUE {held_by_me} AND id NOT IN (SELECT id FROM mine)"
+        f"WITH mine AS (SELECT id FROM {table} WHERE id IN ({_placeholders(len(ids))}) "  # noqa: S608 - identifiers quoted, values bound
+        f"{held_by_me} ORDER BY id FOR UPDATE SKIP LOCKED) "
+        f"{update.format(mine='AND j.id IN (SELECT id FROM mine) ')}"
+        f"RETURNING {', '.join(f'j.{c}' for c in ('id', 'attempt', *returning))}"
     )
     with connections[using].cursor() as cursor:
-        cursor.execute(sql, [*ids, worker_id, *params, *ids, worker_id])
-        fetched = cursor.fetchall()
-    rows = [tuple(row[:-1]) for row in fetched if not row[-1]]
-    skipped = frozenset((int(row[0]), int(row[1])) for row in fetched if row[-1])
-    return rows, skipped
+        cursor.execute(sql, [*ids, worker_id, *params])
+        rows = [tuple(row) for row in cursor.fetchall()]
+        missing = sorted(set(ids) - {int(row[0]) for row in rows})
+        if not missing:
+            return rows, frozenset()
+        # Rare: a lease lost, or a row another transaction holds locked. Those still
+        # naming this worker as holder were skipped, not lost.
+        cursor.execute(
+            f"SELECT id, attempt FROM {table} WHERE id IN ({_placeholders(len(missing))}) "  # noqa: S608 - identifiers quoted, values bound
+            f"{held_by_me}",
+            [*missing, worker_id],
+        )
+        found = {(int(job_id), int(attempt)) for job_id, attempt in cursor.fetchall()}
+    return rows, frozenset(found & wanted)
 
 
 def _renew_result(
@@ -909,7 +913,7 @@ def complete_many(
         "AND j.locked_by = %s AND j.status = 'running' {mine}"
     )
     rows, skipped = _fenced_batch(
-        using, worker_id, (c.job_id for c in completions), update, params, ("finished_at",)
+        using, worker_id, (c.lease for c in completions), update, params, ("finished_at",)
     )
     succeeded = str(JobStatus.SUCCEEDED)
     return WriteResult(
@@ -978,7 +982,7 @@ def fail_many(
         rows, skipped = _fenced_batch(
             using,
             worker_id,
-            (f.job_id for f in failures),
+            (f.lease for f in failures),
             update,
             params,
             ("status", "last_attempted_at", "finished_at"),
