@@ -14,7 +14,7 @@ from django.apps import apps
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from . import leases, registry
@@ -357,12 +357,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
 
     def _notify(self, queues: Iterable[str]) -> None:
         """Wake idle workers. Inside a transaction PostgreSQL delivers it on commit only."""
-        connection = connections[self.database]
-        if connection.vendor != "postgresql":
-            return
-        with connection.cursor() as cursor:
-            for queue in sorted(set(queues)):
-                cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue])
+        leases.notify(NOTIFY_CHANNEL, queues, using=self.database)
 
     def _announce(self, results: list[TaskResult]) -> None:
         def send() -> None:
