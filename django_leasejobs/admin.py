@@ -525,7 +525,11 @@ class JobAdmin(FilterSafeAdmin):
     ) -> None:
         report = ActionReport(self, request, verb)
         for job in queryset.only("id", "status", "backend", "task_path"):
-            result = leases.retry(job.pk, statuses=statuses, using=queryset.db)
+            try:  # written to the database of the job's backend, whatever the admin reads
+                result = leases.retry(job.pk, statuses=statuses, backend=job.backend)
+            except ValueError:
+                report.skip("because their task backend is not configured any more")
+                continue
             if result == leases.RetryResult.RETRIED:
                 report.done(job, f"{verb} (was {job.status})")
             elif result == leases.RetryResult.KEY_TAKEN:
@@ -548,7 +552,11 @@ class JobAdmin(FilterSafeAdmin):
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         report = ActionReport(self, request, "Cancelled")
         for job in queryset.only("id", "status", "backend", "task_path"):
-            result = leases.cancel(job.pk, using=queryset.db)
+            try:
+                result = leases.cancel(job.pk, backend=job.backend)
+            except ValueError:
+                report.skip("because their task backend is not configured any more")
+                continue
             if result == leases.CancelResult.CANCELLED:
                 report.done(job, "Cancelled (was pending)")
             elif result == leases.CancelResult.REQUESTED:

@@ -126,3 +126,35 @@ def leasejobs_log() -> Iterator[ListHandler]:
     yield handler
     logger.removeHandler(handler)
     logger.setLevel(old_level)
+
+
+# -- the lease protocol's paths ------------------------------------------------------------
+
+
+def lease_paths() -> list[str]:
+    """The paths of ``django_leasejobs.leases`` that the database of this run can take:
+    PostgreSQL both (its batched statements, and the portable ones MySQL/MariaDB use),
+    SQLite its batched statements, MySQL/MariaDB the portable ones."""
+    from django.db import connection
+
+    return {"postgresql": ["batched", "portable"], "sqlite": ["batched"]}.get(
+        connection.vendor, ["portable"]
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "lease_path" in metafunc.fixturenames:
+        metafunc.parametrize("lease_path", lease_paths(), indirect=True)
+
+
+@pytest.fixture
+def lease_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Runs the test once per path of the lease protocol on this database (the contract
+    suite: ``docs/development.md``); the value is ``"batched"`` or ``"portable"``."""
+    from django_leasejobs import leases
+
+    if request.param == "portable":
+        with leases.portable_path():
+            yield request.param
+    else:
+        yield request.param

@@ -43,6 +43,9 @@ from tests.helpers_leases import (
     seconds_from_db_now,
 )
 
+# The contract suite: every test runs once per path of the lease protocol (conftest.py).
+pytestmark = pytest.mark.usefixtures("lease_path")
+
 db = pytest.mark.django_db(transaction=True)
 
 ON_POSTGRESQL = connection.vendor == "postgresql"
@@ -370,7 +373,9 @@ def test_complete_many_of_nothing_sends_no_query() -> None:
 
 @db
 @pytest.mark.parametrize("size", [1, 20, 200])
-def test_complete_many_is_one_statement(size: int) -> None:
+def test_complete_many_is_one_statement(size: int, lease_path: str) -> None:
+    """Batched: one statement for the whole batch. Portable (MySQL/MariaDB, and the path
+    the fixture forces): the statements that path sends, and none of the batched ones."""
     claimed = claim_batch("worker-a", size)
     batch = [Completion(*c.lease, {"n": i}) for i, c in enumerate(shuffled(claimed, size))]
 
@@ -378,10 +383,29 @@ def test_complete_many_is_one_statement(size: int) -> None:
         written = complete_many("worker-a", batch)
 
     sql = statements(captured.captured_queries)
-    assert len(sql) == 1, sql
-    assert "UPDATE" in sql[0].upper()
+    if lease_path == "batched":
+        assert len(sql) == 1, sql
+        assert "UPDATE" in sql[0].upper()
+    else:
+        assert_portable_statements(sql)
     assert written == {c.lease for c in claimed}
     assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == size
+
+
+def assert_portable_statements(sql: list[str]) -> None:
+    """The portable path's write, three statements however many rows: the rows locked
+    without waiting (where the database has row locks), one fenced UPDATE, the written
+    rows read back; no RETURNING and no ``FROM (VALUES ...)``, which MySQL/MariaDB lack."""
+    work = [s for s in sql if not is_transaction_statement(s)]
+    assert len(work) == 3, work
+    lock, *writes, read_back = work
+    assert lock.upper().startswith("SELECT"), lock
+    assert (
+        "FOR UPDATE SKIP LOCKED" in lock.upper()
+    ) == connection.features.has_select_for_update_skip_locked
+    assert all(w.upper().startswith("UPDATE") and "j.attempt =" in w for w in writes), writes
+    assert read_back.upper().startswith("SELECT"), read_back
+    assert not any("RETURNING" in s.upper() or "(VALUES" in s.upper() for s in work), work
 
 
 # --------------------------------------------------------------------------- fail_many
@@ -671,10 +695,16 @@ def _fail_many_statements(size: int) -> tuple[list[str], dict[Lease, str]]:
 
 
 @db
-def test_fail_many_query_count_does_not_grow_with_the_batch() -> None:
+def test_fail_many_query_count_does_not_grow_with_the_batch(lease_path: str) -> None:
     small, _ = _fail_many_statements(2)
     large, statuses = _fail_many_statements(20)
     assert sorted(statuses.values()).count(JobStatus.PENDING) == 10
+    if lease_path == "portable":
+        for sql in (small, large):
+            work = [s for s in sql if not is_transaction_statement(s)]
+            assert_portable_statements(work[:-1])
+            assert work[-1].upper().lstrip().startswith("INSERT INTO"), work[-1]
+        return
 
     # One UPDATE of the job rows and one INSERT of the attempt rows, in one transaction:
     # the transaction's own statements are BEGIN (SQLite's explicit one; PostgreSQL's
@@ -694,15 +724,19 @@ def test_fail_many_query_count_does_not_grow_with_the_batch() -> None:
 
 
 @db
-def test_fail_many_with_no_lease_held_writes_no_attempt_rows() -> None:
-    # Nothing matched: the INSERT is not sent at all. (On PostgreSQL, rows missing from
-    # the UPDATE's result are told apart by one SELECT: locked elsewhere, or lost.)
+def test_fail_many_with_no_lease_held_writes_no_attempt_rows(lease_path: str) -> None:
+    # Nothing matched: the INSERT is not sent at all. (Where rows can be locked, rows
+    # missing from the write are told apart by one SELECT: locked elsewhere, or lost.)
     lost = lost_leases("worker-a")
     with CaptureQueriesContext(connection) as captured:
         assert fail_many("worker-a", [Failure(*x, ERROR, 0) for x in lost.values()]) == {}
     work = [s for s in statements(captured.captured_queries) if not is_transaction_statement(s)]
-    assert "UPDATE" in work[0].upper()
-    assert [s.split()[0].upper() for s in work[1:]] == (["SELECT"] if ON_POSTGRESQL else [])
+    told_apart = ["SELECT"] if connection.features.has_select_for_update_skip_locked else []
+    if lease_path == "batched":
+        assert "UPDATE" in work[0].upper()
+        assert [s.split()[0].upper() for s in work[1:]] == told_apart
+    else:  # the rows are locked first: none is this worker's, so no UPDATE is sent
+        assert [s.split()[0].upper() for s in work] == ["SELECT", *told_apart]
     assert not any("INSERT" in s.upper() for s in work)
 
 

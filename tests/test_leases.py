@@ -41,6 +41,9 @@ from tests.helpers_leases import (
     seconds_from_db_now,
 )
 
+# The contract suite: every test runs once per path of the lease protocol (conftest.py).
+pytestmark = pytest.mark.usefixtures("lease_path")
+
 # Every database test runs in autocommit (see the module docstring); Backoff tests need no database.
 db = pytest.mark.django_db(transaction=True)
 

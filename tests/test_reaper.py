@@ -38,7 +38,8 @@ from tests.helpers_leases import (
     seconds_from_db_now,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# The contract suite: every test runs once per path of the lease protocol (conftest.py).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("lease_path")]
 
 LEASE_EXPIRED = "django_leasejobs.exceptions.LeaseExpired"
 SLACK = 5.0

@@ -86,6 +86,18 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         }
     )
 
+if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+    # MySQL / MariaDB through PyMySQL (the `mysql` extra), which stands in for mysqlclient.
+    import pymysql
+
+    pymysql.install_as_MySQLdb()
+    DATABASES["default"].setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
+    DATABASES["default"]["TEST"] = {
+        **DATABASES["default"].get("TEST", {}),
+        "CHARSET": "utf8mb4",
+        "COLLATION": "utf8mb4_bin",
+    }
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # -- tasks -------------------------------------------------------------------------------

@@ -1,0 +1,105 @@
+"""The lease protocol: one function per state transition of a job.
+
+Every transition is a single conditional UPDATE whose WHERE re-checks what the
+transition assumes (status, and for the lease holder's writes ``locked_by`` AND
+``attempt``), and whose effect is checked. A write by a caller that no longer holds
+the lease matches no row and raises :class:`LeaseLost` (or leaves the lease out of
+the result of a batched call); it never changes anything. All times are the
+database's clock.
+
+Vendor SQL lives in this package and only here, split by concern:
+
+* ``values``: the values that flow in and out (claimed jobs, results, errors);
+* ``rules``: each decision once (retry or fail or dead, a requested cancel wins, the
+  ``last_error`` text, the lengths stored text is cut to);
+* ``dialect``: what differs between databases (the clock, intervals, casts, row
+  locks) and which path each takes: the batched statements (PostgreSQL, SQLite) or
+  the portable ones (MySQL 8, MariaDB 10.6+);
+* ``fenced``: the lease holder's fenced writes to many rows, on both paths;
+* ``claim``, ``renew``, ``finish``, ``reap``, ``operator``, ``enqueue``: the
+  statements, built from the above.
+
+It knows nothing of processes, threads or signals.
+"""
+
+from __future__ import annotations
+
+from ..exceptions import LeaseLost, RowLocked
+from .claim import claim, unclaim
+from .dialect import portable_path
+from .enqueue import (
+    can_copy,
+    can_insert_notify,
+    copy_jobs,
+    database_now,
+    insert_job,
+    notify,
+)
+from .finish import complete, complete_many, fail, fail_many, mark_cancelled, release
+from .operator import backend_database, cancel, retry
+from .reap import find_stale, reap
+from .renew import renew, save_checkpoint, set_progress
+from .rules import (
+    MAX_ERROR_CLASS_LENGTH,
+    MAX_ERROR_LENGTH,
+    MAX_PROGRESS_MESSAGE_LENGTH,
+    MAX_TRACEBACK_LENGTH,
+    storable_text,
+)
+from .values import (
+    CancelResult,
+    ClaimedJob,
+    Completion,
+    ErrorInfo,
+    Failure,
+    NewJob,
+    Progress,
+    ReapedJob,
+    RenewResult,
+    RetryResult,
+    WriteResult,
+)
+
+__all__ = [
+    "MAX_ERROR_CLASS_LENGTH",
+    "MAX_ERROR_LENGTH",
+    "MAX_PROGRESS_MESSAGE_LENGTH",
+    "MAX_TRACEBACK_LENGTH",
+    "CancelResult",
+    "ClaimedJob",
+    "Completion",
+    "ErrorInfo",
+    "Failure",
+    "LeaseLost",
+    "NewJob",
+    "Progress",
+    "ReapedJob",
+    "RenewResult",
+    "RetryResult",
+    "RowLocked",
+    "WriteResult",
+    "backend_database",
+    "can_copy",
+    "can_insert_notify",
+    "cancel",
+    "claim",
+    "complete",
+    "complete_many",
+    "copy_jobs",
+    "database_now",
+    "fail",
+    "fail_many",
+    "find_stale",
+    "insert_job",
+    "mark_cancelled",
+    "notify",
+    "portable_path",
+    "reap",
+    "release",
+    "renew",
+    "retry",
+    "save_checkpoint",
+    "set_progress",
+    "storable_text",
+    "unclaim",
+]

@@ -1,0 +1,195 @@
+"""The SQL fragments that differ between databases, and which path each database takes.
+
+Two paths run the same rules (``rules.py``) with the same fences:
+
+* **batched** (PostgreSQL, SQLite): one statement per transition, however many jobs:
+  ``UPDATE ... FROM (VALUES ...) ... RETURNING``;
+* **portable** (MySQL 8, MariaDB 10.6+, or any database forced onto it with
+  :func:`portable_path`): standard SQL only, no ``RETURNING``: rows are locked with
+  ``SELECT ... FOR UPDATE SKIP LOCKED`` inside a transaction, written by one fenced
+  UPDATE (or one per row where the values differ), and read back.
+
+A :class:`Dialect` holds the rest: the database's clock, "now plus N seconds", casts
+for a ``VALUES`` list, and whether rows can be locked without waiting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from django.db import OperationalError, connections
+
+from ..models import Job, JobAttempt
+
+T = TypeVar("T")
+
+_PG_TYPES = {"id": "bigint", "int": "integer", "float": "double precision"}
+_PG_TYPES |= {"text": "text", "json": "jsonb"}
+_SQLITE_TYPES = {"id": "INTEGER", "int": "INTEGER", "float": "REAL"}
+_SQLITE_TYPES |= {"text": "TEXT", "json": "TEXT"}
+_SQLITE_NOW = "(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')"
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    vendor: str
+    using: str
+    now: str
+    """SQL for the database's clock: the same instant for a whole statement where the
+    database allows it, UTC on every database."""
+    now_plus: str
+    """SQL for now plus N seconds, with one parameter made by :meth:`offset`."""
+    batched: bool
+    """UPDATE ... FROM (VALUES ...) ... RETURNING (else the portable path)."""
+    row_locks: bool
+    """SELECT ... FOR UPDATE SKIP LOCKED (SQLite serialises writers instead)."""
+
+    def offset(self, seconds: float) -> Any:
+        """The parameter of :attr:`now_plus` for ``seconds``."""
+        if self.vendor == "postgresql":
+            return float(seconds)
+        if self.vendor == "mysql":
+            return round(seconds * 1_000_000)
+        return f"{float(seconds):+.6f} seconds"
+
+    def offset_type(self) -> str:
+        """The kind (for :meth:`values`) of an :meth:`offset` parameter."""
+        return "float" if self.vendor == "postgresql" else "text"
+
+    def now_plus_value(self, offset_sql: str) -> str:
+        """:attr:`now_plus` with its parameter taken from ``offset_sql``."""
+        return self.now_plus.replace("%s", offset_sql)
+
+    @property
+    def skip_locked(self) -> str:
+        return " FOR UPDATE SKIP LOCKED" if self.row_locks else ""
+
+    def q(self, name: str) -> str:
+        return connections[self.using].ops.quote_name(name)
+
+    @property
+    def jobs(self) -> str:
+        return self.q(Job._meta.db_table)
+
+    @property
+    def attempts(self) -> str:
+        return self.q(JobAttempt._meta.db_table)
+
+    def param(self, kind: str) -> str:
+        """A parameter of a kind (``id``, ``int``, ``float``, ``text``, ``json``) where a
+        type cannot be inferred (a CASE, a VALUES list); MySQL infers them all."""
+        if self.vendor == "mysql":
+            return "%s"
+        names = _PG_TYPES if self.vendor == "postgresql" else _SQLITE_TYPES
+        return f"CAST(%s AS {names[kind]})"
+
+    def values(self, rows: int, *kinds: str) -> str:
+        """A ``VALUES`` list of ``rows`` rows of cast parameters (the batched path)."""
+        row = "(" + ", ".join(self.param(k) for k in kinds) + ")"
+        return ", ".join([row] * rows)
+
+
+def placeholders(count: int) -> str:
+    return ", ".join(["%s"] * count)
+
+
+_forced_portable = False
+
+
+@contextlib.contextmanager
+def portable_path() -> Iterator[None]:
+    """Inside the block, every database of this process takes the portable path, as MySQL
+    and MariaDB always do: the test suite runs the protocol through it on PostgreSQL and
+    SQLite too."""
+    global _forced_portable
+    before = _forced_portable
+    _forced_portable = True
+    try:
+        yield
+    finally:
+        _forced_portable = before
+
+
+def dialect(using: str) -> Dialect:
+    """The dialect of the database ``using`` (see :func:`portable_path`)."""
+    found = _dialect(using)
+    if found.batched and _forced_portable:
+        return replace(found, batched=False)
+    return found
+
+
+@functools.cache
+def _dialect(using: str) -> Dialect:
+    connection = connections[using]
+    vendor = connection.vendor
+    if vendor == "postgresql":
+        found = Dialect(
+            vendor,
+            using,
+            # what Django's Now() uses on PostgreSQL: one clock for the whole statement
+            now="statement_timestamp()",
+            now_plus="(statement_timestamp() + make_interval(secs => %s))",
+            batched=True,
+            row_locks=True,
+        )
+    elif vendor == "sqlite":
+        # Six fractional digits, as Django stores datetimes on SQLite: text comparisons
+        # between the two then agree within the same millisecond.
+        found = Dialect(
+            vendor,
+            using,
+            now=_SQLITE_NOW,
+            now_plus="(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000')",
+            batched=True,
+            row_locks=False,
+        )
+    elif vendor == "mysql":
+        # UTC whatever the session's time_zone (Django stores UTC in DATETIME columns).
+        found = Dialect(
+            vendor,
+            using,
+            now="UTC_TIMESTAMP(6)",
+            now_plus="(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)",
+            batched=False,
+            row_locks=bool(connection.features.has_select_for_update_skip_locked),
+        )
+    else:
+        raise NotImplementedError(f"django-leasejobs does not support the {vendor!r} database")
+    return found
+
+
+MYSQL_DEADLOCK = 1213
+"""ER_LOCK_DEADLOCK: InnoDB rolled the whole transaction back; running it again is safe."""
+DEADLOCK_RETRIES = 5
+
+
+def retry_deadlocks(d: Dialect, work: Callable[[], T]) -> T:
+    """Run ``work`` (a whole transaction, or one statement in autocommit) and run it again
+    when MySQL/MariaDB picks it as a deadlock victim.
+
+    InnoDB can deadlock two single-row writes through a secondary index (a reaper's
+    scan of running rows and a completion of one of them), where PostgreSQL's row locks
+    cannot. Every transition is fenced, so running the victim again writes only what is
+    still true. Inside a caller's transaction nothing is retried here: the caller's whole
+    transaction was rolled back, and the error is the caller's to handle.
+    """
+    for attempt in range(DEADLOCK_RETRIES):
+        try:
+            return work()
+        except OperationalError as exc:
+            if (
+                d.vendor != "mysql"
+                or not exc.args
+                or exc.args[0] != MYSQL_DEADLOCK
+                or connections[d.using].in_atomic_block
+                or attempt == DEADLOCK_RETRIES - 1
+            ):
+                raise
+            time.sleep(random.uniform(0, 0.01 * 2**attempt))  # noqa: S311 - jitter, not secrets
+    raise AssertionError("unreachable")

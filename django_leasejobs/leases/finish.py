@@ -1,0 +1,233 @@
+"""The lease holder's writes that end an attempt: success, failure, release, cancel."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connections, transaction
+
+from ..exceptions import LeaseLost, RowLocked
+from ..models import AttemptOutcome, JobStatus
+from .claim import as_datetime
+from .dialect import Dialect, dialect, placeholders, retry_deadlocks
+from .fenced import Rows, SetList, update_one, write
+from .rules import (
+    CANCELLED_ERROR_CLASS,
+    CANCELLED_ERROR_MESSAGE,
+    RELEASED_ERROR_CLASS,
+    Value,
+    ending_is_final,
+    ending_status,
+    released_error_message,
+    retrying,
+)
+from .values import Completion, ErrorInfo, Failure, WriteResult
+
+
+def complete_many(
+    worker_id: str, completions: Sequence[Completion], *, using: str = "default"
+) -> WriteResult:
+    """Record many successful attempts in one fenced UPDATE: ``succeeded``, the result,
+    the lease cleared.
+
+    A lease missing from the result was lost (nothing was written for it) or skipped
+    (its row was locked by another transaction).
+    """
+    if not completions:
+        return WriteResult({})
+    d = dialect(using)
+    asked = {
+        c.lease: {"result": None if c.result is None else json.dumps(c.result)} for c in completions
+    }
+
+    rows, skipped = write(d, worker_id, asked, _succeeded(d), {"result": "json"}, ("finished_at",))
+    succeeded = str(JobStatus.SUCCEEDED)
+    return WriteResult(
+        {(int(job), int(attempt)): succeeded for job, attempt, _ in rows},
+        skipped,
+        {(int(job), int(attempt)): as_datetime(finished) for job, attempt, finished in rows},
+    )
+
+
+def complete(
+    job_id: int, attempt: int, worker_id: str, *, result: Any = None, using: str = "default"
+) -> None:
+    """Record one successful attempt, as :func:`complete_many` does; unlike it, wait for
+    the row if another transaction holds it locked."""
+    encoded = None if result is None else json.dumps(result)
+    d = dialect(using)
+    update_one(d, (job_id, attempt), worker_id, _succeeded(d), {"result": encoded}, "complete")
+
+
+def _succeeded(d: Dialect) -> SetList:
+    """The SET list of a successful attempt (per-row value: ``result``)."""
+
+    def set_list(value: Value) -> str:
+        return (
+            f"status = 'succeeded', result = {value('result')}, locked_by = NULL, "
+            f"locked_until = NULL, finished_at = {d.now}, "
+            "progress = CASE WHEN j.progress IS NULL THEN NULL ELSE 1.0 END, "
+            "cancel_requested = FALSE"
+        )
+
+    return set_list
+
+
+def fail_many(
+    worker_id: str, failures: Sequence[Failure], *, using: str = "default"
+) -> WriteResult:
+    """Record many failed attempts at once; the result maps each written lease to the
+    job's new status.
+
+    Each job is retried (``pending``, ``run_after`` its failure's ``retry_delay`` from
+    now) when a delay was given and its attempts are not used up, else it is
+    ``failed``; a job whose cancel was requested while the attempt ran ends
+    ``cancelled`` (``rules.ending_status``). One fenced UPDATE for the job rows and one
+    INSERT for their attempt rows, in one transaction. A lease missing from the result
+    was lost or skipped (see :class:`WriteResult`).
+    """
+    return _end_attempts(worker_id, [(f, JobStatus.FAILED) for f in failures], using)
+
+
+def fail(
+    job_id: int,
+    attempt: int,
+    worker_id: str,
+    *,
+    error: ErrorInfo,
+    retry_delay: float | None,
+    outcome: str = AttemptOutcome.ERROR,
+    using: str = "default",
+) -> str:
+    """Record one failed attempt (:func:`fail_many` of one); return the job's new status.
+
+    :class:`LeaseLost` when the attempt is not this worker's any more, :class:`RowLocked`
+    when another transaction holds its row (nothing written; try again).
+    """
+    failure = Failure(job_id, attempt, error, retry_delay, outcome)
+    done = fail_many(worker_id, [failure], using=using)
+    return _raise_unless_written(done, failure.lease, worker_id, "fail")
+
+
+def release(job_id: int, attempt: int, worker_id: str, *, using: str = "default") -> None:
+    """Put a running job back to ``pending`` at once, without counting a stall.
+
+    For a worker that shuts down before the attempt finished. The attempt is
+    recorded with outcome ``released``. The job keeps its ``run_after`` and so its
+    place in the claim order, as a reaped job does. A job whose cancel was requested
+    ends ``cancelled`` instead.
+    """
+    error = ErrorInfo(RELEASED_ERROR_CLASS, released_error_message(worker_id))
+    failure = Failure(job_id, attempt, error, None, AttemptOutcome.RELEASED)
+    done = _end_attempts(worker_id, [(failure, JobStatus.PENDING)], using)
+    _raise_unless_written(done, failure.lease, worker_id, "release")
+
+
+def mark_cancelled(job_id: int, attempt: int, worker_id: str, *, using: str = "default") -> None:
+    """Record that the worker stopped a running attempt because a cancel was requested."""
+    error = ErrorInfo(CANCELLED_ERROR_CLASS, CANCELLED_ERROR_MESSAGE)
+    failure = Failure(job_id, attempt, error, None, AttemptOutcome.CANCELLED)
+    done = _end_attempts(worker_id, [(failure, JobStatus.CANCELLED)], using)
+    _raise_unless_written(done, failure.lease, worker_id, "cancel")
+
+
+def _raise_unless_written(
+    done: WriteResult, lease: tuple[int, int], worker_id: str, transition: str
+) -> str:
+    if lease in done.written:
+        return done.written[lease]
+    if lease in done.skipped:
+        raise RowLocked(*lease, transition)
+    raise LeaseLost(*lease, worker_id, transition)
+
+
+def _end_attempts(
+    worker_id: str, endings: Sequence[tuple[Failure, str]], using: str
+) -> WriteResult:
+    """The fenced UPDATE ending attempts that did not succeed, plus their attempt rows.
+
+    Each failure comes with the status its job takes when it is not retried and no
+    cancel was requested (``rules.ending_status``).
+    """
+    if not endings:
+        return WriteResult({})
+    d = dialect(using)
+    by_lease = {failure.lease: failure for failure, _ in endings}
+    asked = {
+        failure.lease: {
+            "delay": None if failure.retry_delay is None else d.offset(failure.retry_delay),
+            "otherwise": str(otherwise),
+            "last_error": failure.error.last_error,
+        }
+        for failure, otherwise in endings
+    }
+
+    def set_list(value: Any) -> str:
+        # Every fragment reads cancel_requested, assigned last (MySQL assigns in order).
+        return (
+            f"status = {ending_status(value)}, "
+            f"run_after = CASE WHEN {retrying(value)} "
+            f"THEN {d.now_plus_value(value('delay'))} ELSE j.run_after END, "
+            f"finished_at = CASE WHEN {ending_is_final(value)} THEN {d.now} ELSE NULL END, "
+            f"locked_by = NULL, locked_until = NULL, last_error = {value('last_error')}, "
+            "cancel_requested = FALSE"
+        )
+
+    kinds = {"delay": d.offset_type(), "otherwise": "text", "last_error": "text"}
+
+    def end() -> tuple[Rows, frozenset[tuple[int, int]]]:
+        with transaction.atomic(using=using):
+            rows, skipped = write(
+                d, worker_id, asked, set_list, kinds, ("status", "last_attempted_at", "finished_at")
+            )
+            insert_attempts(
+                d,
+                [
+                    (by_lease[(int(job), int(attempt))], worker_id, started)
+                    for job, attempt, _, started, _ in rows
+                ],
+            )
+        return rows, skipped
+
+    rows, skipped = retry_deadlocks(d, end)
+    return WriteResult(
+        {(int(job), int(attempt)): str(status) for job, attempt, status, _, _ in rows},
+        skipped,
+        {(int(job), int(attempt)): as_datetime(finished) for job, attempt, _, _, finished in rows},
+    )
+
+
+ATTEMPT_COLUMNS = (
+    "job_id",
+    "attempt",
+    "worker",
+    "outcome",
+    "error_class",
+    "error_message",
+    "traceback",
+    "started_at",
+)
+
+
+def insert_attempts(d: Dialect, attempts: Sequence[tuple[Failure, str, Any]]) -> None:
+    """One INSERT of a JobAttempt row per ended attempt: (failure, worker, started at)."""
+    if not attempts:
+        return
+    params: list[Any] = []
+    for failure, worker, started in attempts:
+        params += [
+            failure.job_id,
+            failure.attempt,
+            worker,
+            failure.outcome,
+            failure.error.exception_class_path,
+            failure.error.message,
+            failure.error.traceback,
+            started,
+        ]
+    columns = ", ".join(d.q(c) for c in ATTEMPT_COLUMNS)
+    rows = ", ".join([f"({placeholders(len(ATTEMPT_COLUMNS))})"] * len(attempts))
+    with connections[d.using].cursor() as cursor:
+        cursor.execute(f"INSERT INTO {d.attempts} ({columns}) VALUES {rows}", params)  # noqa: S608 - identifiers quoted, values bound

@@ -1,0 +1,144 @@
+"""Recovering jobs whose lease expired: one set-based statement."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connections, transaction
+
+from ..models import AttemptOutcome, Job
+from .dialect import dialect, placeholders, retry_deadlocks
+from .finish import insert_attempts
+from .rules import REAP_ERROR_CLASS, REAP_ERROR_MESSAGE, reaped_is_final, reaped_status
+from .values import ErrorInfo, Failure, ReapedJob
+
+REAP_ERROR = ErrorInfo(REAP_ERROR_CLASS, REAP_ERROR_MESSAGE)
+
+_RETURNING = (
+    "id",
+    "attempt",
+    "last_worker",
+    "status",
+    "queue",
+    "task_path",
+    "stall_count",
+    "backend",
+    "last_attempted_at",
+)
+
+
+def find_stale(
+    *, stale_lock_age: float = 0.0, backend: str | None = None, using: str = "default"
+) -> list[Job]:
+    """Running jobs whose lease expired more than ``stale_lock_age`` seconds ago (read only)."""
+    d = dialect(using)
+    where, params = _stale_where(stale_lock_age, backend, using)
+    ids = Job.objects.raw(
+        f"SELECT j.id FROM {d.jobs} AS j WHERE {where} ORDER BY j.id",  # noqa: S608 - identifiers quoted, values bound
+        params,
+    ).using(using)
+    return list(Job.objects.using(using).filter(pk__in=[job.pk for job in ids]).order_by("id"))
+
+
+def _stale_where(stale_lock_age: float, backend: str | None, using: str) -> tuple[str, list[Any]]:
+    d = dialect(using)
+    where = f"j.status = 'running' AND j.locked_until < {d.now_plus}"
+    params: list[Any] = [d.offset(-stale_lock_age)]
+    if backend is not None:
+        where += " AND j.backend = %s"
+        params.append(backend)
+    return where, params
+
+
+def reap(
+    *, stale_lock_age: float = 0.0, backend: str | None = None, using: str = "default"
+) -> list[ReapedJob]:
+    """Recover every running job whose lease expired ``stale_lock_age`` seconds ago or more.
+
+    Set-based and safe to run concurrently (two reapers reap a job once): the
+    UPDATE re-checks ``status='running'`` and the expiry on the row it changes,
+    so a completion that raced the reaper is never overwritten. Each reaped job
+    gets ``stall_count + 1`` and becomes ``dead`` when that reaches
+    ``max_stalls``, else ``failed`` when its attempts are used up, else
+    ``pending``; a job whose cancel was requested while it ran ends ``cancelled``
+    (``rules.reaped_status``). Each reaped attempt gets a JobAttempt row with outcome
+    ``lease_expired``.
+
+    A job put back to ``pending`` keeps its ``run_after``, which has passed (it was
+    claimed): it is runnable at once and keeps its place in the claim order
+    (priority, then ``run_after``, then id), ahead of every job that became ready
+    after it, instead of going to the back of a backlog.
+    """
+    d = dialect(using)
+    where, where_params = _stale_where(stale_lock_age, backend, using)
+    # Lock in id order and skip rows another transaction holds (a racing completion,
+    # renewal or reaper): no deadlocks, and each row is still reaped exactly once.
+    stale = f"SELECT j.id FROM {d.jobs} AS j WHERE {where} ORDER BY j.id{d.skip_locked}"  # noqa: S608 - identifiers quoted, values bound
+    # The stall is counted last: MySQL assigns in order, and the rules read stall_count.
+    set_list = (
+        f"status = {reaped_status()}, "
+        f"finished_at = CASE WHEN {reaped_is_final()} THEN {d.now} ELSE NULL END, "
+        "locked_by = NULL, locked_until = NULL, last_error = %s, "
+        "stall_count = j.stall_count + 1, cancel_requested = FALSE"
+    )
+    columns = ", ".join(d.q(c) for c in _RETURNING)
+
+    def reap_rows() -> list[ReapedJob]:
+        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+            return _reap(cursor)
+
+    def _reap(cursor: Any) -> list[ReapedJob]:
+        if d.batched:
+            lock = f"WITH stale AS ({stale}) " if d.row_locks else ""
+            only_locked = " AND j.id IN (SELECT id FROM stale)" if d.row_locks else ""
+            cursor.execute(
+                f"{lock}UPDATE {d.jobs} AS j SET {set_list} "  # noqa: S608 - identifiers quoted, values bound
+                f"WHERE {where}{only_locked} RETURNING {columns}",
+                [*(where_params if d.row_locks else []), REAP_ERROR.last_error, *where_params],
+            )
+            rows = cursor.fetchall()
+        else:
+            cursor.execute(stale, where_params)
+            ids = [int(job_id) for (job_id,) in cursor.fetchall()]
+            if not ids:
+                return []
+            cursor.execute(
+                f"UPDATE {d.jobs} AS j SET {set_list} "  # noqa: S608 - identifiers quoted, values bound
+                f"WHERE {where} AND j.id IN ({placeholders(len(ids))})",
+                [REAP_ERROR.last_error, *where_params, *ids],
+            )
+            cursor.execute(
+                f"SELECT {columns} FROM {d.jobs} WHERE id IN ({placeholders(len(ids))})",  # noqa: S608 - identifiers quoted, values bound
+                ids,
+            )
+            rows = cursor.fetchall()
+        reaped = [_reaped(row) for row in rows]
+        insert_attempts(
+            d,
+            [
+                (
+                    Failure(job.id, job.attempt, REAP_ERROR, None, AttemptOutcome.LEASE_EXPIRED),
+                    job.worker,
+                    row[-1],
+                )
+                for job, row in zip(reaped, rows, strict=True)
+            ],
+        )
+        return sorted(reaped, key=lambda job: job.id)
+
+    return retry_deadlocks(d, reap_rows)
+
+
+def _reaped(row: Sequence[Any]) -> ReapedJob:
+    values = dict(zip(_RETURNING, row, strict=True))
+    return ReapedJob(
+        id=int(values["id"]),
+        attempt=int(values["attempt"]),
+        worker=values["last_worker"],
+        status=values["status"],
+        queue=values["queue"],
+        task_path=values["task_path"],
+        stall_count=int(values["stall_count"]),
+        backend=values["backend"],
+    )

@@ -1,0 +1,226 @@
+"""The values that flow in and out of the lease protocol's functions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from ..models import AttemptOutcome
+from .rules import (
+    MAX_ERROR_CLASS_LENGTH,
+    MAX_ERROR_LENGTH,
+    MAX_TRACEBACK_LENGTH,
+    last_error_text,
+    storable_text,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """What a worker needs to run one claimed attempt."""
+
+    id: int
+    attempt: int
+    task_path: str
+    queue: str
+    priority: int
+    args: list[Any]
+    kwargs: dict[str, Any]
+    timeout: float | None
+    max_attempts: int
+    checkpoint: Any
+    retry_backoff: dict[str, float] | None = None
+    """The job's own backoff policy (from ``.using(retry_backoff=...)``), if any."""
+    problem: str | None = None
+    """Why the row cannot run (its stored columns have the wrong JSON types), or None.
+    Such an attempt fails at once, as its own attempt, and nothing is called."""
+    key: str | None = None
+    task_options: dict[str, Any] | None = None
+    """``Job.task_options``: with the columns above, the Task exactly as enqueued."""
+    enqueued_at: datetime | None = None
+    started_at: datetime | None = None
+    """When the job's first attempt started."""
+    last_attempted_at: datetime | None = None
+    """When this attempt started (the claim)."""
+
+    @property
+    def lease(self) -> tuple[int, int]:
+        return (self.id, self.attempt)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Sent to a slot's process for every job: a plain tuple pickles several times
+        # faster than a slotted dataclass's default state.
+        return (
+            ClaimedJob,
+            (
+                self.id,
+                self.attempt,
+                self.task_path,
+                self.queue,
+                self.priority,
+                self.args,
+                self.kwargs,
+                self.timeout,
+                self.max_attempts,
+                self.checkpoint,
+                self.retry_backoff,
+                self.problem,
+                self.key,
+                self.task_options,
+                self.enqueued_at,
+                self.started_at,
+                self.last_attempted_at,
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    fraction: float | None
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RenewResult:
+    held: frozenset[tuple[int, int]]
+    """Leases this call renewed: (job id, attempt)."""
+    lost: frozenset[tuple[int, int]]
+    """Leases asked for and not renewed: the worker must stop those attempts now."""
+    cancel_requested: frozenset[tuple[int, int]]
+    """Held leases whose job an operator asked to cancel."""
+    skipped: frozenset[tuple[int, int]] = frozenset()
+    """Leases not renewed this time because another transaction holds their row locked
+    (databases with row locks): still this worker's as far as the database showed; try
+    again later."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReapedJob:
+    id: int
+    attempt: int
+    worker: str
+    status: str
+    queue: str
+    task_path: str
+    stall_count: int
+    backend: str
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """Why an attempt did not succeed, as stored on its JobAttempt row.
+
+    Always storable: each part is passed through :func:`storable_text` with its
+    column's limit when the value is made, so no error a job raises can make the
+    write of its own attempt fail.
+    """
+
+    exception_class_path: str
+    message: str = ""
+    traceback: str = ""
+
+    def __post_init__(self) -> None:
+        for name, limit in (
+            ("exception_class_path", MAX_ERROR_CLASS_LENGTH),
+            ("message", MAX_ERROR_LENGTH),
+            ("traceback", MAX_TRACEBACK_LENGTH),
+        ):
+            value = getattr(self, name)
+            clean = storable_text(value, limit)
+            if clean is not value:
+                object.__setattr__(self, name, clean)
+
+    @property
+    def last_error(self) -> str:
+        """The job row's ``last_error`` for this error."""
+        return last_error_text(self.exception_class_path, self.message)
+
+
+class CancelResult(StrEnum):
+    CANCELLED = "cancelled"
+    """The job was pending and is now cancelled."""
+    REQUESTED = "requested"
+    """The job is running; its worker will stop it at its next heartbeat."""
+    NOT_CANCELLABLE = "not_cancellable"
+    """The job had already finished (or a cancel was already requested)."""
+    NOT_FOUND = "not_found"
+
+
+class RetryResult(StrEnum):
+    RETRIED = "retried"
+    WRONG_STATE = "wrong_state"
+    """The job is not failed or dead (it is pending, running, succeeded or cancelled)."""
+    KEY_TAKEN = "key_taken"
+    """Another pending or running job holds the job's dedup key."""
+    NOT_FOUND = "not_found"
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """The producer's columns of a job row about to be inserted."""
+
+    backend: str
+    queue: str
+    task_path: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    priority: int
+    max_attempts: int
+    max_stalls: int
+    timeout: float | None
+    key: str | None
+    retry_backoff: dict[str, float] | None
+    run_after: datetime | None
+    """None: runnable at once (the database's now)."""
+    task_options: dict[str, Any] | None = None
+    """The options the enqueued Task had set that no other column keeps exactly (its own
+    ``run_after``, ``max_attempts``, ``max_stalls``), so that ``get_result`` rebuilds the
+    same Task; None when it set none of them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One successful attempt, for :func:`complete_many`."""
+
+    job_id: int
+    attempt: int
+    result: Any = None
+
+    @property
+    def lease(self) -> tuple[int, int]:
+        return (self.job_id, self.attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One attempt that did not succeed, for :func:`fail_many`.
+
+    ``retry_delay=None`` fails the job for good; otherwise it is retried after that
+    many seconds unless its attempts are used up.
+    """
+
+    job_id: int
+    attempt: int
+    error: ErrorInfo
+    retry_delay: float | None
+    outcome: str = AttemptOutcome.ERROR
+
+    @property
+    def lease(self) -> tuple[int, int]:
+        return (self.job_id, self.attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What a batched write (:func:`complete_many`, :func:`fail_many`) did."""
+
+    written: dict[tuple[int, int], str]
+    """Each written lease and the job's new status."""
+    skipped: frozenset[tuple[int, int]] = frozenset()
+    """Leases not written because another transaction holds their row locked
+    (databases with row locks): still held; write them again later. Every other lease
+    asked for and missing from ``written`` was lost."""
+    finished_at: dict[tuple[int, int], datetime | None] = field(default_factory=dict)
+    """The job's ``finished_at`` as written (None: not finished, a retry is pending)."""
