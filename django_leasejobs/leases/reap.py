@@ -34,11 +34,8 @@ def find_stale(
     """Running jobs whose lease expired more than ``stale_lock_age`` seconds ago (read only)."""
     d = dialect(using)
     where, params = _stale_where(stale_lock_age, backend, using)
-    ids = Job.objects.raw(
-        f"SELECT j.id FROM {d.jobs} AS j WHERE {where} ORDER BY j.id",  # noqa: S608 - identifiers quoted, values bound
-        params,
-    ).using(using)
-    return list(Job.objects.using(using).filter(pk__in=[job.pk for job in ids]).order_by("id"))
+    sql = f"SELECT j.* FROM {d.jobs} AS j WHERE {where} ORDER BY j.id"  # noqa: S608 - identifiers quoted, values bound
+    return list(Job.objects.using(using).raw(sql, params))
 
 
 def _stale_where(stale_lock_age: float, backend: str | None, using: str) -> tuple[str, list[Any]]:
@@ -86,9 +83,9 @@ def reap(
 
     def reap_rows() -> list[ReapedJob]:
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
-            return _reap(cursor)
+            return reap_with(cursor)
 
-    def _reap(cursor: Any) -> list[ReapedJob]:
+    def reap_with(cursor: Any) -> list[ReapedJob]:
         if d.batched:
             lock = f"WITH stale AS ({stale}) " if d.row_locks else ""
             only_locked = " AND j.id IN (SELECT id FROM stale)" if d.row_locks else ""
