@@ -4,7 +4,9 @@ Every path (the batched statements on PostgreSQL and SQLite, the portable statem
 on MySQL/MariaDB) builds its SQL from the fragments below, so a rule changed here
 changes on every database at once:
 
-* a requested cancel wins over every other ending: :func:`cancel_wins`;
+* a requested cancel wins over every ending but success (a retry, a final failure, a
+  release, an unclaim, the reap): :func:`cancel_wins`; an attempt that succeeded
+  before its worker saw the request stays ``succeeded``, its result kept;
 * an attempt that did not succeed is retried when the caller gave a delay and the job
   has attempts left, else it takes the caller's ending: :func:`ending_status`;
 * a reaped job becomes ``dead`` when its stalls reach ``max_stalls``, else ``failed``
@@ -111,8 +113,8 @@ def released_error_message(worker_id: str) -> str:
 
 
 def cancel_wins(otherwise: str) -> str:
-    """The status of a job leaving ``running``: ``cancelled`` when a cancel was requested
-    while it ran, else ``otherwise``."""
+    """The status of a job leaving ``running`` other than by success: ``cancelled`` when a
+    cancel was requested while it ran, else ``otherwise``."""
     return f"CASE WHEN j.cancel_requested THEN 'cancelled' ELSE {otherwise} END"
 
 
