@@ -39,6 +39,13 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests"]
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast user creation
 
+# A second alias of the same database (a test mirror: no database of its own), for the
+# tests that check which alias a backend's DATABASE option sends the writes through.
+DATABASES["leasejobs_mirror"] = {
+    **DATABASES["default"],
+    "TEST": {**DATABASES["default"].get("TEST", {}), "MIRROR": "default"},
+}
+
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" and not IN_TEST_SUBPROCESS:
     _sqlite_dir = tempfile.mkdtemp(prefix="leasejobs-sqlite-")
     _owner_pid = os.getpid()
