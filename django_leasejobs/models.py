@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from django.db import models
 from django.db.models import Q
-from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
+
+from .functions import DatabaseNow
 
 MIN_PRIORITY = -100
 MAX_PRIORITY = 100
@@ -45,11 +46,11 @@ class JobQuerySet(models.QuerySet["Job"]):
 
     def ready(self) -> JobQuerySet:
         """Pending jobs whose ``run_after`` has passed (database clock)."""
-        return self.filter(status=JobStatus.PENDING, run_after__lte=Now())
+        return self.filter(status=JobStatus.PENDING, run_after__lte=DatabaseNow())
 
     def expired(self) -> JobQuerySet:
         """Running jobs whose lease has expired (database clock)."""
-        return self.filter(status=JobStatus.RUNNING, locked_until__lt=Now())
+        return self.filter(status=JobStatus.RUNNING, locked_until__lt=DatabaseNow())
 
 
 class Job(models.Model):
@@ -61,7 +62,7 @@ class Job(models.Model):
     args = models.JSONField(default=list, blank=True)
     kwargs = models.JSONField(default=dict, blank=True)
     priority = models.SmallIntegerField(default=0)
-    run_after = models.DateTimeField(db_default=Now())
+    run_after = models.DateTimeField(db_default=DatabaseNow())
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING)
 
     attempt = models.PositiveIntegerField(
@@ -104,7 +105,7 @@ class Job(models.Model):
     result = models.JSONField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
 
-    enqueued_at = models.DateTimeField(db_default=Now())
+    enqueued_at = models.DateTimeField(db_default=DatabaseNow())
     started_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -195,7 +196,7 @@ class JobAttempt(models.Model):
     error_message = models.TextField(blank=True, default="")
     traceback = models.TextField(blank=True, default="")
     started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(db_default=DatabaseNow())
 
     class Meta:
         db_table = "leasejobs_attempt"
@@ -229,8 +230,8 @@ class Worker(models.Model):
     state = models.CharField(
         max_length=16, choices=WorkerState.choices, default=WorkerState.RUNNING
     )
-    started_at = models.DateTimeField(db_default=Now())
-    last_seen_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(db_default=DatabaseNow())
+    last_seen_at = models.DateTimeField(db_default=DatabaseNow())
     stopped_at = models.DateTimeField(null=True, blank=True)
     problem = models.TextField(
         blank=True,

@@ -1,7 +1,7 @@
 """Delete old finished jobs (and their attempts) in short, bounded batches.
 
 Used by ``manage.py prune_jobs``. The age cut-off is computed by the database
-(``Now() - interval``), never by this process's clock.
+(``DatabaseNow() - interval``), never by this process's clock.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from datetime import timedelta
 
 from django.db import connections, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
-from django.db.models.functions import Now
 
+from .functions import DatabaseNow
 from .models import Job, JobAttempt, JobStatus
 
 logger = logging.getLogger("django_leasejobs")
@@ -55,7 +55,7 @@ class PruneResult:
 
 
 def _prunable(older_than: timedelta, statuses: tuple[str, ...], backend: str | None) -> Q:
-    cutoff = ExpressionWrapper(Now() - Value(older_than), output_field=DateTimeField())
+    cutoff = ExpressionWrapper(DatabaseNow() - Value(older_than), output_field=DateTimeField())
     condition = Q(status__in=statuses, finished_at__lt=cutoff)
     if backend is not None:
         condition &= Q(backend=backend)

@@ -1,7 +1,8 @@
 """Queue health numbers for the admin dashboard and ``manage.py leasejobs_status``.
 
 Every query stays cheap on a big table: active rows (pending, running) are read
-through the partial indexes, finished rows only for the last hour through the
+through the partial indexes (on MySQL/MariaDB their ``status``-first stand-ins,
+migration 0007), finished rows only for the last hour through the
 ``(status, finished_at)`` index. All-time totals of finished jobs are not counted
 (that would scan the table); the dashboard shows the last hour instead.
 """
@@ -9,7 +10,7 @@ through the partial indexes, finished rows only for the last hour through the
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, F, Min, Q
@@ -177,7 +178,10 @@ def collect(*, using: str = "default", online_after: float = 60.0) -> Health:
     recent = jobs.filter(status__in=FINISHED_STATUSES, finished_at__gte=since)
     minutes: dict[datetime, MinuteCount] = {}
     for done in (
-        recent.annotate(minute=TruncMinute("finished_at"))
+        # Minutes in UTC, like db_now: MySQL/MariaDB would otherwise convert to TIME_ZONE
+        # with CONVERT_TZ, which is NULL without the server's time zone tables (and Django
+        # raises). Today's UTC offsets are all whole minutes: the minutes are the same.
+        recent.annotate(minute=TruncMinute("finished_at", tzinfo=UTC))
         .values("queue", "status", "minute")
         .annotate(n=Count("id"))
     ):

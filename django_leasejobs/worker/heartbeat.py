@@ -22,9 +22,9 @@ import time
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections
-from django.db.models.functions import Now
 
 from .. import leases
+from ..functions import DatabaseNow
 from ..leases import storable_text
 from ..models import Worker as WorkerRow
 from ..reaper import reap_once
@@ -126,7 +126,7 @@ class Heartbeat(_WorkerThread):
                 WorkerRow.objects.using(worker.database)
                 .filter(pk=worker.worker_id)
                 .update(
-                    last_seen_at=Now(),
+                    last_seen_at=DatabaseNow(),
                     state="stopping" if worker.stopping else "running",
                     problem=worker.problem,
                 )

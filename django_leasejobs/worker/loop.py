@@ -33,13 +33,13 @@ from types import FrameType
 from typing import Any, Literal
 
 from django.db import DatabaseError, connections
-from django.db.models.functions import Now
 from django.utils.crypto import get_random_string
 
 from .. import registry
 from ..backend import STATUS_TO_RESULT, LeaseJobsBackend, attempt_history
 from ..compat import Task, TaskResult, task_backends, task_finished, task_started
 from ..exceptions import TaskFailed
+from ..functions import DatabaseNow
 from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress, storable_text
 from ..models import AttemptOutcome, JobAttempt, JobStatus, WorkerState
 from ..models import Worker as WorkerRow
@@ -366,7 +366,9 @@ class Worker:
             lambda: (
                 WorkerRow.objects.using(self.database)
                 .filter(pk=self.worker_id)
-                .update(state=WorkerState.STOPPED, stopped_at=Now(), last_seen_at=Now())
+                .update(
+                    state=WorkerState.STOPPED, stopped_at=DatabaseNow(), last_seen_at=DatabaseNow()
+                )
             ),
         )
 

@@ -92,11 +92,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
 
     pymysql.install_as_MySQLdb()
     DATABASES["default"].setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
-    DATABASES["default"]["TEST"] = {
-        **DATABASES["default"].get("TEST", {}),
-        "CHARSET": "utf8mb4",
-        "COLLATION": "utf8mb4_bin",
-    }
+    # No TEST COLLATION: the test database gets the server's default utf8mb4 collation,
+    # a case-insensitive one (utf8mb4_general_ci on MariaDB 10.x, utf8mb4_0900_ai_ci on
+    # MySQL 8), which is what sites have. The dedup key column gets a binary collation of
+    # its own in migration 0007 (docs/configuration.md, "MySQL and MariaDB").
+    DATABASES["default"]["TEST"] = {**DATABASES["default"].get("TEST", {}), "CHARSET": "utf8mb4"}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -1,0 +1,21 @@
+"""Database functions of our own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models.functions import Now
+
+
+class DatabaseNow(Now):
+    """The database's clock, in UTC on every database: use it wherever ``Now()`` would go.
+
+    It is ``Now()`` everywhere (the same SQL on PostgreSQL, SQLite and the others) but
+    MySQL/MariaDB, where ``Now()`` is ``CURRENT_TIMESTAMP(6)``: the time in the
+    *session's* ``time_zone``, while Django stores UTC in ``DATETIME`` columns (and the
+    lease protocol compares them with ``UTC_TIMESTAMP(6)``, ``leases/dialect.py``).
+    There it is ``UTC_TIMESTAMP(6)``, whatever the session's or the server's time zone.
+    """
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        return self.as_sql(compiler, connection, template="UTC_TIMESTAMP(6)", **extra_context)
