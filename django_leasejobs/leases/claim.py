@@ -12,8 +12,8 @@ from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
 
 from ..retry import backoff_problems
-from .dialect import Dialect, dialect, placeholders, retry_deadlocks
-from .fenced import HELD
+from .dialect import dialect, placeholders, retry_deadlocks
+from .fenced import lock_update_read
 from .rules import cancel_wins
 from .values import ClaimedJob
 
@@ -75,51 +75,24 @@ def claim(
         "progress = NULL, progress_message = '', cancel_requested = FALSE"
     )
     set_params = [worker_id, d.offset(lease_duration), worker_id]
-    if not d.batched:
-        params = [*ready_params, limit]
-        return retry_deadlocks(
-            d, lambda: _claim_portable(d, pick, params, set_list, set_params, worker_id)
-        )
-    columns = ", ".join(d.q(c) for c in CLAIM_COLUMNS)
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            f"WITH picked AS ({pick}) UPDATE {d.jobs} AS j SET {set_list} "  # noqa: S608 - identifiers quoted, values bound
-            "WHERE j.id IN (SELECT id FROM picked) AND j.status = 'pending' "
-            f"RETURNING {columns}, {d.q('run_after')}",
-            [*ready_params, limit, *set_params],
-        )
-        rows = cursor.fetchall()
-        # RETURNING gives no order: put the batch back in claim order (run_after last).
-        rows.sort(key=lambda row: (-row[_PRIORITY], row[-1], row[0]))
-        return [claimed_job(row[:-1]) for row in rows]
-
-
-def _claim_portable(
-    d: Dialect,
-    pick: str,
-    pick_params: list[Any],
-    set_list: str,
-    set_params: list[Any],
-    worker_id: str,
-) -> list[ClaimedJob]:
-    """The claim in three statements: lock the ready rows, claim them, read them back."""
-    columns = ", ".join(d.q(c) for c in CLAIM_COLUMNS)
-    with transaction.atomic(using=d.using), connections[d.using].cursor() as cursor:
-        cursor.execute(pick, pick_params)
-        ids = [int(job_id) for (job_id,) in cursor.fetchall()]
-        if not ids:
-            return []
-        cursor.execute(
-            f"UPDATE {d.jobs} AS j SET {set_list} "  # noqa: S608 - identifiers quoted, values bound
-            f"WHERE j.id IN ({placeholders(len(ids))}) AND j.status = 'pending'",
-            [*set_params, *ids],
-        )
-        cursor.execute(
-            f"SELECT {columns} FROM {d.jobs} WHERE id IN ({placeholders(len(ids))}) "  # noqa: S608 - identifiers quoted, values bound
-            f"AND {HELD} ORDER BY {CLAIM_ORDER}",
-            [*ids, worker_id],
-        )
-        return [claimed_job(row) for row in cursor.fetchall()]
+    # run_after last, to put the rows back in claim order (RETURNING gives no order).
+    returning = (*CLAIM_COLUMNS, "run_after")
+    if d.batched:
+        columns = ", ".join(d.q(c) for c in returning)
+        with connections[using].cursor() as cursor:
+            cursor.execute(
+                f"WITH picked AS ({pick}) UPDATE {d.jobs} AS j SET {set_list} "  # noqa: S608 - identifiers quoted, values bound
+                "WHERE j.id IN (SELECT id FROM picked) AND j.status = 'pending' "
+                f"RETURNING {columns}",
+                [*ready_params, limit, *set_params],
+            )
+            rows = cursor.fetchall()
+    else:
+        lock = (pick, [*ready_params, limit])
+        update = (set_list, "j.status = 'pending'", set_params)
+        rows = retry_deadlocks(d, lambda: lock_update_read(d, lock, update, returning))
+    rows.sort(key=lambda row: (-row[_PRIORITY], row[-1], row[0]))
+    return [claimed_job(row[:-1]) for row in rows]
 
 
 def unclaim(

@@ -107,16 +107,40 @@ def portable(
                 f"AND j.attempt = (CASE j.id {fence} END) AND {HELD}",
                 [*params, *(job_id for job_id, _ in mine), *itertools.chain(*mine), worker_id],
             )
-        rows = read_back(d, cursor, [job_id for job_id, _ in mine], returning)
+        rows = read_back(d, cursor, [job_id for job_id, _ in mine], ("id", "attempt", *returning))
         missing = set(ids) - {job_id for job_id, _ in locked}
         return rows, _skipped(cursor, d, worker_id, wanted, missing)
 
 
+def lock_update_read(
+    d: Dialect,
+    lock: tuple[str, Sequence[Any]],
+    update: tuple[str, str, Sequence[Any]],
+    returning: Sequence[str],
+) -> Rows:
+    """A set-based transition on the portable path (the claim, the reap), in one
+    transaction: ``lock`` (a SELECT of ids ``FOR UPDATE SKIP LOCKED``, and its parameters)
+    picks and locks the rows, ``update`` (SET list, WHERE condition re-checked on each
+    row, their parameters) changes them, and the rows come back as ``returning``."""
+    with transaction.atomic(using=d.using), connections[d.using].cursor() as cursor:
+        cursor.execute(*lock)
+        ids = [int(job_id) for (job_id,) in cursor.fetchall()]
+        if not ids:
+            return []
+        set_list, where, params = update
+        cursor.execute(
+            f"UPDATE {d.jobs} AS j SET {set_list} "  # noqa: S608 - identifiers quoted, values bound
+            f"WHERE {where} AND j.id IN ({placeholders(len(ids))})",
+            [*params, *ids],
+        )
+        return read_back(d, cursor, ids, returning)
+
+
 def read_back(d: Dialect, cursor: Any, ids: Sequence[int], returning: Sequence[str]) -> Rows:
-    """``(id, attempt, *returning)`` of the rows ``ids`` (the portable path's RETURNING)."""
+    """``returning`` of the rows ``ids``, in id order (the portable path's RETURNING)."""
     if not ids:
         return []
-    columns = ", ".join(d.q(c) for c in ("id", "attempt", *returning))
+    columns = ", ".join(d.q(c) for c in returning)
     cursor.execute(
         f"SELECT {columns} FROM {d.jobs} WHERE id IN ({placeholders(len(ids))}) ORDER BY id",  # noqa: S608 - identifiers quoted, values bound
         list(ids),

@@ -8,7 +8,8 @@ from typing import Any
 from django.db import connections, transaction
 
 from ..models import AttemptOutcome, Job
-from .dialect import dialect, placeholders, retry_deadlocks
+from .dialect import dialect, retry_deadlocks
+from .fenced import lock_update_read
 from .finish import insert_attempts
 from .rules import REAP_ERROR_CLASS, REAP_ERROR_MESSAGE, reaped_is_final, reaped_status
 from .values import ErrorInfo, Failure, ReapedJob
@@ -79,49 +80,38 @@ def reap(
         "locked_by = NULL, locked_until = NULL, last_error = %s, "
         "stall_count = j.stall_count + 1, cancel_requested = FALSE"
     )
+    set_params = [REAP_ERROR.last_error]
     columns = ", ".join(d.q(c) for c in _RETURNING)
 
     def reap_rows() -> list[ReapedJob]:
-        with transaction.atomic(using=using), connections[using].cursor() as cursor:
-            return reap_with(cursor)
-
-    def reap_with(cursor: Any) -> list[ReapedJob]:
-        if d.batched:
-            lock = f"WITH stale AS ({stale}) " if d.row_locks else ""
-            only_locked = " AND j.id IN (SELECT id FROM stale)" if d.row_locks else ""
-            cursor.execute(
-                f"{lock}UPDATE {d.jobs} AS j SET {set_list} "  # noqa: S608 - identifiers quoted, values bound
-                f"WHERE {where}{only_locked} RETURNING {columns}",
-                [*(where_params if d.row_locks else []), REAP_ERROR.last_error, *where_params],
+        with transaction.atomic(using=using):
+            if d.batched:
+                lock = f"WITH stale AS ({stale}) " if d.row_locks else ""
+                only_locked = " AND j.id IN (SELECT id FROM stale)" if d.row_locks else ""
+                with connections[using].cursor() as cursor:
+                    cursor.execute(
+                        f"{lock}UPDATE {d.jobs} AS j SET {set_list} "  # noqa: S608 - identifiers quoted, values bound
+                        f"WHERE {where}{only_locked} RETURNING {columns}",
+                        [*(where_params if d.row_locks else []), *set_params, *where_params],
+                    )
+                    rows = cursor.fetchall()
+            else:
+                update = (set_list, where, [*set_params, *where_params])
+                rows = lock_update_read(d, (stale, where_params), update, _RETURNING)
+            reaped = [_reaped(row) for row in rows]
+            insert_attempts(
+                d,
+                [
+                    (
+                        Failure(
+                            job.id, job.attempt, REAP_ERROR, None, AttemptOutcome.LEASE_EXPIRED
+                        ),
+                        job.worker,
+                        row[-1],
+                    )
+                    for job, row in zip(reaped, rows, strict=True)
+                ],
             )
-            rows = cursor.fetchall()
-        else:
-            cursor.execute(stale, where_params)
-            ids = [int(job_id) for (job_id,) in cursor.fetchall()]
-            if not ids:
-                return []
-            cursor.execute(
-                f"UPDATE {d.jobs} AS j SET {set_list} "  # noqa: S608 - identifiers quoted, values bound
-                f"WHERE {where} AND j.id IN ({placeholders(len(ids))})",
-                [REAP_ERROR.last_error, *where_params, *ids],
-            )
-            cursor.execute(
-                f"SELECT {columns} FROM {d.jobs} WHERE id IN ({placeholders(len(ids))})",  # noqa: S608 - identifiers quoted, values bound
-                ids,
-            )
-            rows = cursor.fetchall()
-        reaped = [_reaped(row) for row in rows]
-        insert_attempts(
-            d,
-            [
-                (
-                    Failure(job.id, job.attempt, REAP_ERROR, None, AttemptOutcome.LEASE_EXPIRED),
-                    job.worker,
-                    row[-1],
-                )
-                for job, row in zip(reaped, rows, strict=True)
-            ],
-        )
         return sorted(reaped, key=lambda job: job.id)
 
     return retry_deadlocks(d, reap_rows)
