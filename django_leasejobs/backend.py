@@ -323,7 +323,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
 
     def _job_fields(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
         """The columns of a new job row for one call (arguments checked: JSON only)."""
-        json_args, json_kwargs = json_arguments(args, kwargs)
+        json_args, json_kwargs = json_arguments(args, kwargs, using=self.database)
         backoff = getattr(task, "retry_backoff", None)
         return NewJob(
             backend=self.alias,

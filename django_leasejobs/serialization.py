@@ -2,7 +2,8 @@
 
 Values are checked up front, so a bad one raises :class:`InvalidTaskArguments` naming
 its place (``args[1]``, ``kwargs['when'][3]``) before anything is stored. Besides
-anything that is not a JSON value, these are refused, on every database alike:
+anything that is not a JSON value, these are refused, on every database alike (but
+for the depth, where MySQL and MariaDB store fewer levels):
 
 * a string (value or object key) holding a NUL character (``"\\x00"``): PostgreSQL
   cannot store it in ``text`` or ``jsonb``;
@@ -11,7 +12,8 @@ anything that is not a JSON value, these are refused, on every database alike:
 * ``NaN`` and infinite floats, which JSON has no spelling for;
 * an integer of more than :data:`MAX_INT_DIGITS` digits, which Python's JSON encoder
   and decoder refuse to convert by default;
-* a circular reference, and lists and dicts nested deeper than :data:`MAX_DEPTH`.
+* a circular reference, and lists and dicts nested deeper than :data:`MAX_DEPTH`, or
+  than the job's database can store (MariaDB, MySQL: see :func:`depth_limits`).
 
 They are refused rather than escaped: whatever is stored must reach the task (or
 whoever reads the result) unchanged. What a job *reports* (error messages,
@@ -22,17 +24,82 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
+
+from django.core.signals import setting_changed
+from django.db import connections
 
 from .exceptions import InvalidTaskArguments
 
 MAX_DEPTH = 100
-"""Most lists and dicts nested inside each other in one argument, result or checkpoint."""
+"""Most lists and dicts nested inside each other in one argument, result or checkpoint
+(fewer where the database cannot store that many: :func:`depth_limits`)."""
+
+MARIADB_MAX_DOCUMENT_DEPTH = 31
+"""Most lists and dicts nested in one JSON column value MariaDB stores: ``JSON_VALID``,
+the CHECK on its JSON columns, refuses 32 (``JSON_DEPTH_LIMIT`` in its json_lib.h;
+``SELECT JSON_VALID(CONCAT(REPEAT('[', 32), REPEAT(']', 32)))`` is 0 on 10.11, 1 with
+31). Scalars and object keys do not count."""
+
+MYSQL_MAX_DOCUMENT_DEPTH = 100
+"""The same for MySQL 8 (``JSON_DOCUMENT_MAX_DEPTH``; deeper raises
+``ER_JSON_DOCUMENT_TOO_DEEP``). Scalars and object keys do not count."""
 
 MAX_INT_DIGITS = 4300
 """Most decimal digits of an integer (Python's default ``sys.get_int_max_str_digits()``)."""
 
 _INT_BOUND = 10**MAX_INT_DIGITS
+
+
+class DepthLimits(NamedTuple):
+    """How deep values may nest for one database."""
+
+    argument: int
+    """Lists and dicts nested in one argument (``args[i]``, ``kwargs[name]``): one less
+    than a column value, as the ``args`` list and the ``kwargs`` dict hold them."""
+    value: int
+    """Lists and dicts nested in one result or checkpoint (the column value itself)."""
+    refused_by: str
+    """The database that cannot store more ("MariaDB", "MySQL"), or "" where the limits
+    are :data:`MAX_DEPTH`, ours."""
+
+
+_OURS = DepthLimits(MAX_DEPTH, MAX_DEPTH, "")
+_limits_by_alias: dict[str, DepthLimits] = {}
+
+
+def depth_limits(using: str | None = None) -> DepthLimits:
+    """The nesting limits for values stored in database ``using`` (ours when None).
+
+    PostgreSQL and SQLite store deeper values than :data:`MAX_DEPTH`; MySQL and MariaDB
+    refuse JSON column values nested deeper than their own limit. Looked up once per
+    database alias (MariaDB or MySQL is asked of the server).
+    """
+    if using is None:
+        return _OURS
+    found = _limits_by_alias.get(using)
+    if found is None:
+        connection = connections[using]
+        if connection.vendor != "mysql":
+            found = _OURS
+        else:
+            mariadb = bool(getattr(connection, "mysql_is_mariadb", False))
+            document = MARIADB_MAX_DOCUMENT_DEPTH if mariadb else MYSQL_MAX_DOCUMENT_DEPTH
+            found = DepthLimits(
+                min(MAX_DEPTH, document - 1),
+                min(MAX_DEPTH, document),
+                "MariaDB" if mariadb else "MySQL",
+            )
+        _limits_by_alias[using] = found
+    return found
+
+
+def _forget_limits(*, setting: str, **kwargs: Any) -> None:
+    if setting == "DATABASES":
+        _limits_by_alias.clear()
+
+
+setting_changed.connect(_forget_limits)
 
 
 class _Refused(Exception):
@@ -159,10 +226,17 @@ def _place(where: str, path: list[str]) -> str:
     return where + "".join(path)
 
 
-def _to_json(value: Any, where: str, depth: int = 0) -> Any:
-    """A checked JSON copy of ``value`` (at place ``where``), or InvalidTaskArguments."""
+def _to_json(
+    value: Any, where: str, depth: int = 0, limit: int = MAX_DEPTH, refused_by: str = ""
+) -> Any:
+    """A checked JSON copy of ``value`` (at place ``where``), or InvalidTaskArguments.
+
+    ``depth`` is the number of containers around ``value`` that count; at most
+    ``limit`` lists and dicts may nest (``refused_by`` the database that sets it).
+    """
     try:
-        return _convert(value, depth)
+        # _convert refuses at MAX_DEPTH: a lower limit starts it that much deeper.
+        return _convert(value, depth + MAX_DEPTH - limit)
     except _Refused as exc:
         path = exc.path[::-1]
         if not exc.too_deep:
@@ -179,25 +253,33 @@ def _to_json(value: Any, where: str, depth: int = 0) -> Any:
                     "cannot represent."
                 ) from None
             seen[container] = level
+        why = f"which {refused_by} cannot store" if refused_by else "which is refused"
         raise InvalidTaskArguments(
-            f"{_place(where, path)} is nested deeper than {MAX_DEPTH} levels of lists and "
-            "dicts, which is refused; flatten the value, or store it elsewhere and pass "
-            "its id."
+            f"{_place(where, path)} is nested deeper than {limit} levels of lists and "
+            f"dicts, {why}; flatten the value, or store it elsewhere and pass its id."
         ) from None
 
 
 def json_arguments(
-    args: Sequence[Any], kwargs: Mapping[str, Any]
+    args: Sequence[Any], kwargs: Mapping[str, Any], *, using: str | None = None
 ) -> tuple[list[Any], dict[str, Any]]:
-    """Checked JSON copies of a task call's arguments, or :class:`InvalidTaskArguments`."""
+    """Checked JSON copies of a task call's arguments, or :class:`InvalidTaskArguments`.
+
+    ``using``: the database alias the job is stored in, whose nesting limit applies.
+    """
     if not isinstance(args, list | tuple):
         raise InvalidTaskArguments(f"args must be a list or tuple, got {type(args).__name__}.")
     if not isinstance(kwargs, Mapping):
         raise InvalidTaskArguments(f"kwargs must be a dict, got {type(kwargs).__name__}.")
-    # depth -1: ``args`` and ``kwargs`` themselves do not count towards MAX_DEPTH.
-    return _to_json(list(args), "args", -1), _to_json(dict(kwargs), "kwargs", -1)
+    limit, _, refused_by = depth_limits(using)
+    # depth -1: ``args`` and ``kwargs`` themselves do not count towards the limit.
+    return (
+        _to_json(list(args), "args", -1, limit, refused_by),
+        _to_json(dict(kwargs), "kwargs", -1, limit, refused_by),
+    )
 
 
-def json_value(value: Any, what: str = "value") -> Any:
-    """A checked JSON copy of a result or checkpoint."""
-    return _to_json(value, what)
+def json_value(value: Any, what: str = "value", *, using: str | None = None) -> Any:
+    """A checked JSON copy of a result or checkpoint (``using``: as for arguments)."""
+    _, limit, refused_by = depth_limits(using)
+    return _to_json(value, what, 0, limit, refused_by)

@@ -157,6 +157,16 @@ def refusing_to_finish(job_id: int) -> Iterator[None]:
                 "AND NEW.status IN ('succeeded', 'failed', 'cancelled')) "
                 "EXECUTE FUNCTION leasejobs_test_refuse()"
             )
+        elif connection.vendor == "mysql":
+            # MySQL/MariaDB: no WHEN clause; SIGNAL raises error 1644 (ER_SIGNAL_EXCEPTION),
+            # which the drivers report as an OperationalError although it is about the row.
+            cursor.execute(
+                "CREATE TRIGGER leasejobs_test_refuse BEFORE UPDATE ON leasejobs_job "
+                f"FOR EACH ROW BEGIN IF OLD.id = {int(job_id)} "
+                "AND NEW.status IN ('succeeded', 'failed', 'cancelled') THEN "
+                "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test trigger'; "
+                "END IF; END"
+            )
         else:
             cursor.execute(
                 "CREATE TRIGGER leasejobs_test_refuse BEFORE UPDATE ON leasejobs_job "

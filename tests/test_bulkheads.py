@@ -4,7 +4,8 @@
 * A batch of outcomes the database refuses is written again row by row; an outcome it
   refuses alone is recorded as an ``OutcomeNotStored`` failure; one it refuses even then
   is reported as unwritable (the worker gives it up). Only the connection ends a round.
-* Rows locked by another transaction are skipped, never waited for (PostgreSQL).
+* Rows locked by another transaction are skipped, never waited for (PostgreSQL, MySQL,
+  MariaDB).
 * A job row with the wrong JSON types claims as a job that cannot run.
 * A reaped or released job keeps its place in the claim order.
 
@@ -42,9 +43,9 @@ from tests.helpers_leases import (
 )
 
 db = pytest.mark.django_db(transaction=True)
-postgresql_only = pytest.mark.skipif(
-    connection.vendor != "postgresql",
-    reason="row locks are PostgreSQL's: SQLite serialises writers, nothing is ever skipped",
+row_locks = pytest.mark.skipif(
+    connection.vendor == "sqlite",
+    reason="SQLite has no row locks (it serialises writers): nothing is ever skipped",
 )
 NOT_STORED = "django_leasejobs.exceptions.OutcomeNotStored"
 WORKER = "worker-a"
@@ -216,7 +217,8 @@ def test_a_result_the_database_refuses_fails_its_own_attempt_and_the_batch_lands
 
 
 @pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="PostgreSQL's jsonb refuses \\u0000; SQLite keeps it"
+    connection.vendor != "postgresql",
+    reason="PostgreSQL's jsonb refuses \\u0000; SQLite, MySQL and MariaDB keep it",
 )
 @db
 def test_a_nul_result_refused_by_postgresql_fails_its_own_attempt() -> None:
@@ -322,7 +324,7 @@ def locked_elsewhere(job_id: int) -> Iterator[None]:
         holder.join(30)
 
 
-@postgresql_only
+@row_locks
 @db
 def test_renewal_skips_a_row_locked_elsewhere_and_renews_the_rest() -> None:
     jobs = [claim_one(WORKER, job_id) for job_id in make_jobs(3)]
@@ -344,7 +346,7 @@ def test_renewal_skips_a_row_locked_elsewhere_and_renews_the_rest() -> None:
     assert (result.lost, result.skipped) == ({jobs[2].lease}, frozenset())
 
 
-@postgresql_only
+@row_locks
 @db
 def test_batched_writes_skip_a_row_locked_elsewhere_and_write_it_later() -> None:
     jobs = [claim_one(WORKER, job_id) for job_id in make_jobs(4)]
@@ -366,7 +368,7 @@ def test_batched_writes_skip_a_row_locked_elsewhere_and_write_it_later() -> None
     }
 
 
-@postgresql_only
+@row_locks
 @db
 def test_a_round_requeues_outcomes_whose_rows_were_locked() -> None:
     jobs = [claim_one(WORKER, job_id) for job_id in make_jobs(2)]
@@ -407,7 +409,7 @@ def test_a_released_job_keeps_its_place_too() -> None:
     assert claim_one("worker-new").id == backlog[0]
 
 
-@postgresql_only
+@row_locks
 @db
 def test_release_and_cancel_never_wait_for_a_row_locked_elsewhere() -> None:
     released, cancelled = (claim_one(WORKER, job_id) for job_id in make_jobs(2))

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.db import DatabaseError, connection, transaction
 from django.test import override_settings
 
 from django_leasejobs.backend import LeaseJobsBackend
@@ -25,7 +26,7 @@ from django_leasejobs.compat import task as django_decorator
 from django_leasejobs.exceptions import InvalidTaskArguments
 from django_leasejobs.lease_task import task as leasejobs_task
 from django_leasejobs.models import Job
-from django_leasejobs.serialization import MAX_DEPTH, MAX_INT_DIGITS, json_value
+from django_leasejobs.serialization import MAX_DEPTH, MAX_INT_DIGITS, depth_limits, json_value
 from django_leasejobs.signals import job_enqueued
 from tests import tasks
 from tests.tasks import add, configured
@@ -82,13 +83,38 @@ def nothing_stored() -> Iterator[None]:
 
 # --------------------------------------------------------------------------- arguments
 
-# (args, kwargs, the place the message must start with, a word it must contain)
-BAD_ARGUMENTS = {
+
+def argument_depth() -> int:
+    """How deep one argument may nest in this run's database (MariaDB and MySQL store
+    fewer levels than MAX_DEPTH)."""
+    return depth_limits("default").argument
+
+
+# (args, kwargs, the place the message must start with, a word it must contain), or a
+# function returning them (when they depend on the database: called inside the test)
+BadArguments = tuple[list[Any], dict[str, Any], str, str]
+BAD_ARGUMENTS: dict[str, BadArguments | Callable[[], BadArguments]] = {
     "circular dict": ([circular_dict()], {}, "args[0]['self']", "circular"),
     "circular list": ([1, circular_list()], {}, "args[1][1]['items'][1]", "circular"),
     "circular kwarg": ([], {"when": [1, 2, circular_dict()]}, "kwargs['when'][2]", "circular"),
-    "5000 deep": ([nested(5000)], {}, "args[0][0][0]", f"deeper than {MAX_DEPTH}"),
-    "one level too deep": ([], {"tree": nested(MAX_DEPTH + 1)}, "kwargs['tree']", "deeper"),
+    "5000 deep": lambda: (
+        [nested(5000)],
+        {},
+        "args[0][0][0]",
+        f"deeper than {argument_depth()} levels",
+    ),
+    "one level too deep": lambda: (
+        [],
+        {"tree": nested(argument_depth() + 1)},
+        "kwargs['tree']",
+        f"deeper than {argument_depth()} levels",
+    ),
+    "one level too deep in a dict": lambda: (
+        [{"k": nested(argument_depth())}],
+        {},
+        "args[0]['k']",
+        "deeper",
+    ),
     "NUL": (["a\x00b"], {}, "args[0]", "NUL"),
     "NUL nested": ([], {"when": [1, 2, 3, "\x00"]}, "kwargs['when'][3]", "NUL"),
     "NUL in a key": ([{"ok": 1, "k\x00": 2}], {}, "args[0]", "key 'k\\x00'"),
@@ -101,6 +127,11 @@ BAD_ARGUMENTS = {
     "huge negative int": ([], {"n": [-(10**5000)]}, "kwargs['n'][0]", "digits"),
     "not JSON": ([{"a": [1, {"b": object()}]}], {}, "args[0]['a'][1]['b']", "not JSON"),
 }
+
+
+def bad_arguments(case: str) -> BadArguments:
+    found = BAD_ARGUMENTS[case]
+    return found() if callable(found) else found
 
 
 def _enqueue(args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -127,7 +158,7 @@ ENQUEUES: dict[str, Callable[[list[Any], dict[str, Any]], Any]] = {
 def test_bad_arguments_raise_invalid_task_arguments_naming_the_place(
     case: str, how: str, nothing_stored: None
 ) -> None:
-    args, kwargs, place, needle = BAD_ARGUMENTS[case]
+    args, kwargs, place, needle = bad_arguments(case)
     with pytest.raises(InvalidTaskArguments) as excinfo:
         ENQUEUES[how](args, kwargs)
     message = str(excinfo.value)
@@ -160,7 +191,7 @@ def test_nul_and_surrogate_messages_say_why() -> None:
 
 @pytest.mark.parametrize("case", BAD_ARGUMENTS)
 def test_bulk_enqueue_with_one_bad_call_stores_nothing(case: str, nothing_stored: None) -> None:
-    args, kwargs, place, needle = BAD_ARGUMENTS[case]
+    args, kwargs, place, needle = bad_arguments(case)
     calls = [
         (add, [1, 2], {}),
         (add, args, kwargs),
@@ -216,28 +247,61 @@ class Size(enum.IntEnum):
 
 
 def test_values_at_the_limits_are_stored_and_read_back() -> None:
+    depth = argument_depth()  # MAX_DEPTH where the database stores that many levels
     shared = [1, 2]
     args = [
-        nested(MAX_DEPTH),
+        nested(depth),
         10 ** (MAX_INT_DIGITS - 1),
         -(10**MAX_INT_DIGITS - 1),
         "ü€😀 \ufffd \x01\x1f\u2028",
         {"both": shared, "again": shared},  # the same list twice is not a cycle
         {Colour.RED: Colour.RED, "size": Size.BIG},
     ]
-    result = add.enqueue(*args, deep={"d": nested(MAX_DEPTH - 1)})
+    result = add.enqueue(*args, deep={"d": nested(depth - 1)})
     stored = Job.objects.get(pk=int(result.id))
     assert stored.args == [
-        nested(MAX_DEPTH),
+        nested(depth),
         10 ** (MAX_INT_DIGITS - 1),
         -(10**MAX_INT_DIGITS - 1),
         "ü€😀 \ufffd \x01\x1f\u2028",
         {"both": [1, 2], "again": [1, 2]},
         {"red": "red", "size": 3},
     ]
-    assert stored.kwargs == {"deep": {"d": nested(MAX_DEPTH - 1)}}
+    assert stored.kwargs == {"deep": {"d": nested(depth - 1)}}
     fetched = backend().get_result(result.id)
     assert fetched.args == stored.args
+
+
+def test_the_depth_limits_are_ours_or_exactly_the_databases() -> None:
+    limits = depth_limits("default")
+    if connection.vendor != "mysql":
+        assert limits == (MAX_DEPTH, MAX_DEPTH, "")
+        return
+    mariadb = connection.mysql_is_mariadb  # type: ignore[attr-defined]
+    assert limits.refused_by == ("MariaDB" if mariadb else "MySQL")
+    # An argument and a result as deep as allowed are stored and read back...
+    job = Job.objects.create(task_path="tests.tasks.add", args=[nested(limits.argument)])
+    Job.objects.filter(pk=job.pk).update(result=nested(limits.value))
+    job.refresh_from_db()
+    assert (job.args, job.result) == ([nested(limits.argument)], nested(limits.value))
+    # ... and one level more, written past the validation, is refused by the database:
+    # the limits are the database's own, not stricter.
+    with pytest.raises(DatabaseError), transaction.atomic():
+        Job.objects.create(task_path="tests.tasks.add", args=[nested(limits.argument + 1)])
+    with pytest.raises(DatabaseError), transaction.atomic():
+        Job.objects.filter(pk=job.pk).update(checkpoint=nested(limits.value + 1))
+
+
+def test_the_depth_message_names_the_database_that_cannot_store_more(
+    nothing_stored: None,
+) -> None:
+    limits = depth_limits("default")
+    with pytest.raises(InvalidTaskArguments) as excinfo:
+        add.enqueue(nested(limits.argument + 1))
+    why = f"which {limits.refused_by} cannot store" if limits.refused_by else "which is refused"
+    assert f"is nested deeper than {limits.argument} levels of lists and dicts, {why};" in str(
+        excinfo.value
+    )
 
 
 def test_bulk_enqueue_of_good_calls_still_works() -> None:
@@ -269,6 +333,15 @@ def test_results_and_checkpoints_are_checked_the_same_way(value: Any, place: str
     with pytest.raises(InvalidTaskArguments) as excinfo:
         json_value(value, "checkpoint")
     assert str(excinfo.value).startswith(place.replace("the task's return value", "checkpoint"))
+
+
+def test_results_and_checkpoints_are_checked_against_the_database() -> None:
+    limit = depth_limits("default").value
+    assert json_value(nested(limit), "checkpoint", using="default") == nested(limit)
+    with pytest.raises(InvalidTaskArguments, match=rf"^checkpoint\[0\].* deeper than {limit} "):
+        json_value(nested(limit + 1), "checkpoint", using="default")
+    # Without a database, our own limit.
+    assert json_value(nested(MAX_DEPTH), "checkpoint") == nested(MAX_DEPTH)
 
 
 # --------------------------------------------------------------------------- priority

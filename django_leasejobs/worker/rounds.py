@@ -98,14 +98,98 @@ class RoundContext:
     lease_duration: float
 
 
+MYSQL_CLIENT_ERRORS = range(2000, 3000)
+"""CR_* codes: raised by the client library itself (PyMySQL, mysqlclient) when it cannot
+reach the server or loses it: 2002/2003 cannot connect, 2006 server has gone away, 2013
+lost connection during query (PyMySQL also reports an error the server sent as it closed
+the connection this way), 2014 commands out of sync, 2055 lost connection (extended)."""
+
+MYSQL_CONNECTION_ERRORS = frozenset(
+    {
+        # The server refuses the connection (raised when a round connects again).
+        1040,  # ER_CON_COUNT_ERROR: too many connections
+        1042,  # ER_BAD_HOST_ERROR: cannot get a host name for the client's address
+        1043,  # ER_HANDSHAKE_ERROR: bad handshake
+        1044,  # ER_DBACCESS_DENIED_ERROR: access denied to the database
+        1045,  # ER_ACCESS_DENIED_ERROR: access denied (wrong user or password)
+        1049,  # ER_BAD_DB_ERROR: unknown database
+        1129,  # ER_HOST_IS_BLOCKED: too many connection errors from this host
+        1130,  # ER_HOST_NOT_PRIVILEGED: host not allowed to connect
+        1203,  # ER_TOO_MANY_USER_CONNECTIONS: max_user_connections reached
+        1226,  # ER_USER_LIMIT_REACHED: a per-account resource limit reached
+        3032,  # ER_SERVER_OFFLINE_MODE: the server is in offline mode
+        3118,  # ER_ACCOUNT_HAS_BEEN_LOCKED (MySQL)
+        4150,  # ER_USER_IS_BLOCKED: too many credential errors (MariaDB; MySQL: LOAD BULK)
+        4151,  # ER_ACCOUNT_HAS_BEEN_LOCKED (MariaDB; MySQL: LOAD BULK)
+        # The server ends the connection.
+        1053,  # ER_SERVER_SHUTDOWN: server shutdown in progress
+        1152,  # ER_ABORTING_CONNECTION: aborted connection
+        1153,  # ER_NET_PACKET_TOO_LARGE: packet bigger than max_allowed_packet (disconnects)
+        1154,  # ER_NET_READ_ERROR_FROM_PIPE
+        1155,  # ER_NET_FCNTL_ERROR
+        1156,  # ER_NET_PACKETS_OUT_OF_ORDER
+        1157,  # ER_NET_UNCOMPRESS_ERROR
+        1158,  # ER_NET_READ_ERROR: error reading communication packets
+        1159,  # ER_NET_READ_INTERRUPTED: timeout reading communication packets
+        1160,  # ER_NET_ERROR_ON_WRITE: error writing communication packets
+        1161,  # ER_NET_WRITE_INTERRUPTED: timeout writing communication packets
+        1184,  # ER_NEW_ABORTING_CONNECTION: aborted connection
+        1835,  # ER_MALFORMED_PACKET: malformed communication packet
+        1927,  # ER_CONNECTION_KILLED: KILL CONNECTION (MariaDB)
+        3169,  # ER_SESSION_WAS_KILLED: KILL CONNECTION (MySQL)
+        4031,  # ER_CLIENT_INTERACTION_TIMEOUT: idle past wait_timeout (MySQL 8.0.24+). On
+        #        MariaDB 4031 means a trigger named in FOLLOWS/PRECEDES does not exist:
+        #        only CREATE TRIGGER raises it, never a worker's statement.
+        # Not the row but the moment: PostgreSQL's equivalents are OperationalErrors
+        # too (deadlock_detected, lock_not_available, query_canceled), so the round is
+        # retried whole there as well rather than recording (or giving up) each row.
+        1205,  # ER_LOCK_WAIT_TIMEOUT
+        1213,  # ER_LOCK_DEADLOCK (after leases' own retries)
+        1317,  # ER_QUERY_INTERRUPTED: KILL QUERY
+        1969,  # ER_STATEMENT_TIMEOUT: max_statement_time (MariaDB)
+        3024,  # ER_QUERY_TIMEOUT: max_execution_time (MySQL)
+        3572,  # ER_LOCK_NOWAIT: a NOWAIT lock request (MySQL)
+    }
+)
+"""Server error codes of MySQL 8 and MariaDB 10.6+ that are about the connection (or the
+moment), not the data. The two number their newer errors differently (MySQL from 3000,
+MariaDB from 1900 and 4000). Where a code here means something else on the other server
+(4031, 4150, 4151), that other error comes from statements a worker never runs
+(CREATE TRIGGER, LOAD BULK DATA), so one set serves both without asking the server which
+it is. Every other server error (a SIGNAL's 1644, a CHECK's 3819 or 4025, a duplicate
+key's 1062, a value too long, ...) is about a row, whichever DB-API class the driver
+gives it."""
+
+_MYSQL_DRIVERS = frozenset({"pymysql", "MySQLdb"})
+
+
+def _from_mysql_driver(exc: BaseException) -> bool:
+    """Whether Django raised ``exc`` from a MySQL driver's exception (it raises its own
+    class ``from`` the driver's, with the driver's args: the error code first)."""
+    cause = exc.__cause__
+    return cause is not None and type(cause).__module__.partition(".")[0] in _MYSQL_DRIVERS
+
+
 def is_connection_error(exc: BaseException) -> bool:
     """True when ``exc`` says the database (or the path to it) failed, not the data.
 
     Such errors end the round and are retried as a whole after a pause. Any other
     error raised while writing a batch is about a row: the batch is then written row
     by row, so the offending row is isolated and everything else is recorded.
+
+    On PostgreSQL and SQLite that is every ``OperationalError`` and ``InterfaceError``.
+    MySQL drivers raise ``OperationalError`` for most server errors, ordinary ones
+    about a row included (a trigger's SIGNAL, say), so there the error code decides:
+    see :data:`MYSQL_CLIENT_ERRORS` and :data:`MYSQL_CONNECTION_ERRORS`.
     """
-    return isinstance(exc, OperationalError | InterfaceError)
+    if not isinstance(exc, OperationalError | InterfaceError):
+        return False
+    if not _from_mysql_driver(exc) or isinstance(exc, InterfaceError):
+        return True  # a MySQL driver's InterfaceError is (0, ''): not connected
+    code = exc.args[0] if exc.args else None
+    if not isinstance(code, int):
+        return True  # raised by the driver itself, without a code, while connecting
+    return code in MYSQL_CLIENT_ERRORS or code in MYSQL_CONNECTION_ERRORS
 
 
 def run_round(plan: RoundPlan, ctx: RoundContext) -> RoundResult:
