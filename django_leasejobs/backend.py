@@ -14,7 +14,7 @@ from django.apps import apps
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from . import leases, registry
@@ -477,9 +477,13 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         results: list[TaskResult | None] = [None] * len(prepared)
         with transaction.atomic(using=self.database):
             plain = [(i, task, job) for i, (task, job) in enumerate(prepared) if job.key is None]
-            created = Job.objects.using(self.database).bulk_create(
-                [job for _, _, job in plain], batch_size=1000
-            )
+            jobs = [job for _, _, job in plain]
+            if connections[self.database].features.can_return_rows_from_bulk_insert:
+                created = Job.objects.using(self.database).bulk_create(jobs, batch_size=1000)
+            else:  # MySQL: no INSERT ... RETURNING, so no ids from a multi-row INSERT
+                for job in jobs:
+                    job.save(using=self.database)
+                created = jobs
             fresh = []
             for (i, task, _), job in zip(plain, created, strict=True):
                 results[i] = self.result_from_job(job, task=task, attempts=[])

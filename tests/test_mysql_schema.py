@@ -372,3 +372,22 @@ def test_worker_rows_and_pruning_use_the_utc_clock(session_time_zone: str) -> No
     assert prune(older_than=timedelta(hours=1), dry_run=True).count == 1
     assert prune(older_than=timedelta(hours=1)).count == 1
     assert list(Job.objects.values_list("id", flat=True)) == [recent.pk]
+
+
+@mysql_only
+def test_enqueue_without_insert_returning_as_on_mysql_8(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MySQL 8 has no ``INSERT ... RETURNING`` (MariaDB has): bulk_enqueue then inserts
+    one row at a time to learn each id. Emulated on MariaDB by turning the features off."""
+    features = type(connection.features)
+    monkeypatch.setattr(features, "can_return_rows_from_bulk_insert", False)
+    monkeypatch.setattr(features, "can_return_columns_from_insert", False)
+    backend = task_backends["default"]
+    results = backend.bulk_enqueue([(add, [1, 2], {}), (add, [3, 4], {}), (add, [5, 6], {})])
+    stored = {job.pk: job for job in Job.objects.all()}
+    assert sorted(int(r.id) for r in results) == sorted(stored)
+    for result in results:
+        job = stored[int(result.id)]
+        assert result.args == job.args
+        assert result.enqueued_at is not None
+    single = add.enqueue(7, 8)
+    assert Job.objects.get(pk=int(single.id)).args == [7, 8]

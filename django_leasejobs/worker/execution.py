@@ -116,7 +116,7 @@ class JobContext(TaskContext):  # type: ignore[misc]
 
         Raises ``LeaseLost`` when this attempt no longer owns the job.
         """
-        value = json_value(data, "checkpoint")
+        value = json_value(data, "checkpoint", using=self.database)
         save_checkpoint(
             self.job_id, self.attempt_number, self.worker_id, value, using=self.database
         )
@@ -202,7 +202,7 @@ def execute(
             value = task.call(context, *job.args, **job.kwargs)
         else:
             value = task.call(*job.args, **job.kwargs)
-        result = json_value(value, "the task's return value")
+        result = json_value(value, "the task's return value", using=spec.database)
     except InvalidTaskArguments as exc:
         # A return value that is not JSON will not become JSON on a retry.
         return Outcome(
