@@ -384,6 +384,10 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
 
         transaction.on_commit(send, using=self.database)
 
+    def _save_atomically(self, job: Job) -> None:
+        with transaction.atomic(using=self.database):
+            job.save(using=self.database)
+
     def _insert_keyed(self, job: Job) -> tuple[Job, bool]:
         """Insert a job with a dedup key, or return the active job holding that key."""
         jobs = Job.objects.using(self.database)
@@ -392,8 +396,8 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             if existing is not None:
                 return existing, False
             try:
-                with transaction.atomic(using=self.database):
-                    job.save(using=self.database)
+                # Producers racing on one key can deadlock on MySQL/MariaDB's unique index.
+                leases.retry_deadlocks(self.database, lambda: self._save_atomically(job))
                 return job, True
             except IntegrityError:
                 # Another producer inserted the key between our read and write: read again.

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from ..exceptions import LeaseLost, RowLocked
 from .claim import claim, unclaim
-from .dialect import portable_path
+from .dialect import portable_path, retry_deadlocks
 from .enqueue import (
     can_copy,
     can_insert_notify,
@@ -98,6 +98,7 @@ __all__ = [
     "release",
     "renew",
     "retry",
+    "retry_deadlocks",
     "save_checkpoint",
     "set_progress",
     "storable_text",

@@ -90,7 +90,7 @@ def claim(
     else:
         lock = (pick, [*ready_params, limit])
         update = (set_list, "j.status = 'pending'", set_params)
-        rows = retry_deadlocks(d, lambda: lock_update_read(d, lock, update, returning))
+        rows = retry_deadlocks(d.using, lambda: lock_update_read(d, lock, update, returning))
     rows.sort(key=lambda row: (-row[_PRIORITY], row[-1], row[0]))
     return [claimed_job(row[:-1]) for row in rows]
 
@@ -136,7 +136,7 @@ def unclaim(
                     done.add((job_id, attempt))
         return frozenset(done)
 
-    return retry_deadlocks(d, give_back)
+    return retry_deadlocks(d.using, give_back)
 
 
 def claimed_job(row: Sequence[Any]) -> ClaimedJob:

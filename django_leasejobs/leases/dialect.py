@@ -169,7 +169,7 @@ MYSQL_DEADLOCK = 1213
 DEADLOCK_RETRIES = 5
 
 
-def retry_deadlocks(d: Dialect, work: Callable[[], T]) -> T:
+def retry_deadlocks(using: str, work: Callable[[], T]) -> T:
     """Run ``work`` (a whole transaction, or one statement in autocommit) and run it again
     when MySQL/MariaDB picks it as a deadlock victim.
 
@@ -183,11 +183,12 @@ def retry_deadlocks(d: Dialect, work: Callable[[], T]) -> T:
         try:
             return work()
         except OperationalError as exc:
+            connection = connections[using]
             if (
-                d.vendor != "mysql"
+                connection.vendor != "mysql"
                 or not exc.args
                 or exc.args[0] != MYSQL_DEADLOCK
-                or connections[d.using].in_atomic_block
+                or connection.in_atomic_block
                 or attempt == DEADLOCK_RETRIES - 1
             ):
                 raise

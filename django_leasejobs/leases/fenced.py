@@ -186,7 +186,7 @@ def write(
         with transaction.atomic(using=d.using):
             return portable(d, worker_id, asked, set_sql, kinds, returning)
 
-    return retry_deadlocks(d, locked_write)
+    return retry_deadlocks(d.using, locked_write)
 
 
 def bind(set_sql: SetList, values: Mapping[str, Any]) -> tuple[str, list[Any]]:
@@ -221,5 +221,5 @@ def update_one(
             )
             return int(cursor.rowcount)
 
-    if retry_deadlocks(d, update) != 1:
+    if retry_deadlocks(d.using, update) != 1:
         raise LeaseLost(*lease, worker_id, transition)

@@ -191,7 +191,7 @@ def _end_attempts(
             )
         return rows, skipped
 
-    rows, skipped = retry_deadlocks(d, end)
+    rows, skipped = retry_deadlocks(d.using, end)
     return WriteResult(
         {(int(job), int(attempt)): str(status) for job, attempt, status, _, _ in rows},
         skipped,

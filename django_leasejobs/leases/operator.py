@@ -29,7 +29,7 @@ def backend_database(backend: str) -> str:
 def cancel(job_id: int, *, backend: str = "default", using: str | None = None) -> CancelResult:
     """Cancel a job: a pending one at once; a running one by flagging it for its worker."""
     d = dialect(using or backend_database(backend))
-    return retry_deadlocks(d, lambda: _cancel(d, job_id))
+    return retry_deadlocks(d.using, lambda: _cancel(d, job_id))
 
 
 def _cancel(d: Dialect, job_id: int) -> CancelResult:
@@ -71,7 +71,7 @@ def retry(
         raise ValueError(f"only failed or dead jobs can be retried, not {allowed}")
     d = dialect(using or backend_database(backend))
     try:
-        changed = retry_deadlocks(d, lambda: _retry(d, job_id, allowed))
+        changed = retry_deadlocks(d.using, lambda: _retry(d, job_id, allowed))
     except IntegrityError:  # the dedup key is held by another pending or running job
         return RetryResult.KEY_TAKEN
     if changed == 1:

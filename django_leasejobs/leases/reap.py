@@ -114,7 +114,7 @@ def reap(
             )
         return sorted(reaped, key=lambda job: job.id)
 
-    return retry_deadlocks(d, reap_rows)
+    return retry_deadlocks(d.using, reap_rows)
 
 
 def _reaped(row: Sequence[Any]) -> ReapedJob:
