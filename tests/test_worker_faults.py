@@ -14,10 +14,11 @@ import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus, WorkerState
 from django_leasejobs.models import Worker as WorkerRow
@@ -29,8 +30,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 postgresql_only = pytest.mark.skipif(
     connection.vendor != "postgresql",
-    reason="terminates the worker's server connections with pg_terminate_backend(), "
-    "which only PostgreSQL has (an SQLite database cannot drop a client's connection)",
+    reason="finds the worker's main-loop connection by its query in pg_stat_activity "
+    "and needs LISTEN, which only PostgreSQL has",
+)
+can_cut_connections = pytest.mark.skipif(
+    connection.vendor not in ("postgresql", "mysql"),
+    reason="terminates the worker's server connections (pg_terminate_backend(), KILL "
+    "CONNECTION); an SQLite database cannot drop a client's connection",
 )
 
 
@@ -84,6 +90,15 @@ def _assert_at_least_once(ids: list[int], marker_dir: str, name: str) -> int:
 def _terminate_other_backends() -> int:
     """Terminate every server connection to the test database except this test's own."""
     with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            killed = 0
+            for backend_id in _other_mysql_backends(cursor):
+                try:
+                    cursor.execute(f"KILL CONNECTION {int(backend_id)}")
+                    killed += 1
+                except DatabaseError:  # it closed meanwhile
+                    continue
+            return killed
         cursor.execute(
             "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
@@ -91,8 +106,18 @@ def _terminate_other_backends() -> int:
         return int(cursor.fetchone()[0])
 
 
+def _other_mysql_backends(cursor: Any) -> list[int]:
+    cursor.execute(
+        "SELECT ID FROM information_schema.PROCESSLIST "
+        "WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND COMMAND <> 'Killed'"
+    )
+    return [int(backend_id) for (backend_id,) in cursor.fetchall()]
+
+
 def _other_backends() -> int:
     with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            return len(_other_mysql_backends(cursor))
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
@@ -279,10 +304,10 @@ def test_row_naming_no_registered_task_fails_at_once_and_nothing_runs(
     assert _assert_at_least_once(others, marker_dir, "other") == 0
 
 
-# --------------------------------------------------------------------------- PostgreSQL cut off
+# ------------------------------------------------------------- the database cuts the worker off
 
 
-@postgresql_only
+@can_cut_connections
 def test_worker_rides_out_terminated_connections_mid_stream(workers, marker_dir: str) -> None:
     worker_id = _worker_id("terminate")
     worker = workers.start(args=["--concurrency", "3", "--worker-id", worker_id])
@@ -343,7 +368,7 @@ def test_worker_rides_out_terminated_connections_mid_stream(workers, marker_dir:
     assert WorkerRow.objects.get(pk=worker_id).state == WorkerState.STOPPED
 
 
-@postgresql_only
+@can_cut_connections
 def test_idle_worker_reconnects_after_the_database_was_unreachable(
     workers, marker_dir: str
 ) -> None:
