@@ -23,8 +23,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _warm_up(marker_dir: str) -> None:
-    """Short jobs first: the worker learns that jobs here are short, so it prefetches."""
-    warm = [tasks_worker_flow.record_id.enqueue(marker_dir, "warm") for _ in range(10)]
+    """Short jobs first: the worker learns that jobs here are short, so it prefetches (30:
+    the first job of a slot, slower, then weighs nothing in the running mean)."""
+    warm = [tasks_worker_flow.record_id.enqueue(marker_dir, "warm") for _ in range(30)]
     ids = [int(r.id) for r in warm]
     wait_until(
         lambda: Job.objects.filter(pk__in=ids, status=JobStatus.SUCCEEDED).count() == len(ids),
@@ -114,10 +115,11 @@ def test_a_worker_frozen_past_its_leases_never_starts_a_prefetched_job(
     _warm_up(marker_dir)
     _, quick_ids = _long_then_short(marker_dir, 8)
     wait_until(lambda: read_lines(marker_dir, "long.started"), what="the long job to start")
+    held = Job.objects.filter(pk__in=quick_ids, status=JobStatus.RUNNING, locked_by="first")
+    # Claimed in the same round as the long job (the warm-up made the worker prefetch).
+    wait_until(lambda: held.count() == 8, timeout=10, what="the quick jobs to be prefetched")
     first.signal(signal.SIGSTOP)  # well within PREFETCH_MAX_WAIT of the claim
     try:
-        held = Job.objects.filter(pk__in=quick_ids, status=JobStatus.RUNNING, locked_by="first")
-        assert held.count() == 8, "the quick jobs were not prefetched: nothing to show"
         # The long job finishes in its slot while the worker is frozen: a slot is free
         # the moment it resumes.
         (Path(marker_dir) / "long.gate").touch()
