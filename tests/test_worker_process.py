@@ -145,10 +145,7 @@ def wait_status(job_id: Any, status: str, timeout: float = 15.0) -> Job:
 
 
 def db_now() -> datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT statement_timestamp()")
-        (value,) = cursor.fetchone()
-    return value
+    return leases.database_now()
 
 
 def signals_logged(path: Path) -> list[dict[str, Any]]:
@@ -610,15 +607,17 @@ class DatabaseProxy:
 
 @pytest.fixture
 def db_proxy() -> Iterator[DatabaseProxy]:
-    if connection.vendor != "postgresql":
+    if connection.vendor not in ("postgresql", "mysql"):
         pytest.skip(
-            "needs PostgreSQL: a worker cannot be cut off from a file database (SQLite) "
-            "while the test keeps using it"
+            "needs a database server: a worker cannot be cut off from a file database "
+            "(SQLite) while the test keeps using it"
         )
     settings = connection.settings_dict
     host = str(settings.get("HOST") or "")
-    port = int(settings.get("PORT") or 5432)
-    if not host or host.startswith("/"):
+    port = int(settings.get("PORT") or (5432 if connection.vendor == "postgresql" else 3306))
+    if connection.vendor == "mysql":  # PyMySQL connects over TCP, even to "localhost"
+        proxy = DatabaseProxy(socket.AF_INET, (host or "127.0.0.1", port))
+    elif not host or host.startswith("/"):
         socket_dir = host or "/var/run/postgresql"
         proxy = DatabaseProxy(socket.AF_UNIX, f"{socket_dir}/.s.PGSQL.{port}")
     else:
