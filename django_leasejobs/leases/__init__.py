@@ -7,7 +7,9 @@ the lease matches no row and raises :class:`LeaseLost` (or leaves the lease out 
 the result of a batched call); it never changes anything. All times are the
 database's clock.
 
-Vendor SQL lives in this package and only here, split by concern:
+The SQL of a job's life lives in this package and only here (the schema's lives in
+the migrations, a worker's ``LISTEN`` in ``worker/listener.py``, and ``DatabaseNow``, an
+ORM expression the models' defaults need, in ``functions.py``), split by concern:
 
 * ``values``: the values that flow in and out (claimed jobs, results, errors);
 * ``rules``: each decision once (retry or fail or dead, a requested cancel wins, the
