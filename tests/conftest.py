@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,6 +40,20 @@ def _subprocess_env_base(django_db_setup: None) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mirror_alias_ready(django_db_setup: None, django_db_blocker: Any) -> None:
+    """Ask the database features of ``leasejobs_mirror`` (tests/settings.py: a second alias
+    of the test database) once, as Django asked default's while it set the database up:
+    system checks run by tests without database access (Django 6 checks JSONField
+    support on every alias) then need no query."""
+    from django.db import connections
+
+    with django_db_blocker.unblock():
+        mirror = connections["leasejobs_mirror"]
+        assert mirror.features.supports_json_field
+        mirror.close()
 
 
 @pytest.fixture
