@@ -6,6 +6,9 @@ from typing import Any
 
 from django.db.models.functions import Now
 
+MYSQL_UTC_NOW = "UTC_TIMESTAMP(6)"
+"""The database's clock in UTC on MySQL/MariaDB (``leases/dialect.py`` uses it too)."""
+
 
 class DatabaseNow(Now):
     """The database's clock, in UTC on every database: use it wherever ``Now()`` would go.
@@ -18,4 +21,4 @@ class DatabaseNow(Now):
     """
 
     def as_mysql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
-        return self.as_sql(compiler, connection, template="UTC_TIMESTAMP(6)", **extra_context)
+        return self.as_sql(compiler, connection, template=MYSQL_UTC_NOW, **extra_context)

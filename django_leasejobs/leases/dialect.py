@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from django.db import OperationalError, connections
 
+from ..functions import MYSQL_UTC_NOW
 from ..models import Job, JobAttempt
 
 T = TypeVar("T")
@@ -154,8 +155,8 @@ def _dialect(using: str) -> Dialect:
         found = Dialect(
             vendor,
             using,
-            now="UTC_TIMESTAMP(6)",
-            now_plus="(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)",
+            now=MYSQL_UTC_NOW,
+            now_plus=f"({MYSQL_UTC_NOW} + INTERVAL %s MICROSECOND)",
             batched=False,
             row_locks=bool(connection.features.has_select_for_update_skip_locked),
         )

@@ -164,7 +164,7 @@ def _end_attempts(
         for failure, otherwise in endings
     }
 
-    def set_list(value: Any) -> str:
+    def set_list(value: Value) -> str:
         # Every fragment reads cancel_requested, assigned last (MySQL assigns in order).
         return (
             f"status = {ending_status(value)}, "

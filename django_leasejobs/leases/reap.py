@@ -8,7 +8,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from ..models import AttemptOutcome, Job
-from .dialect import dialect, retry_deadlocks
+from .dialect import Dialect, dialect, retry_deadlocks
 from .fenced import lock_update_read
 from .finish import insert_attempts
 from .rules import REAP_ERROR_CLASS, REAP_ERROR_MESSAGE, reaped_is_final, reaped_status
@@ -34,13 +34,12 @@ def find_stale(
 ) -> list[Job]:
     """Running jobs whose lease expired more than ``stale_lock_age`` seconds ago (read only)."""
     d = dialect(using)
-    where, params = _stale_where(stale_lock_age, backend, using)
+    where, params = _stale_where(d, stale_lock_age, backend)
     sql = f"SELECT j.* FROM {d.jobs} AS j WHERE {where} ORDER BY j.id"  # noqa: S608 - identifiers quoted, values bound
     return list(Job.objects.using(using).raw(sql, params))
 
 
-def _stale_where(stale_lock_age: float, backend: str | None, using: str) -> tuple[str, list[Any]]:
-    d = dialect(using)
+def _stale_where(d: Dialect, stale_lock_age: float, backend: str | None) -> tuple[str, list[Any]]:
     where = f"j.status = 'running' AND j.locked_until < {d.now_plus}"
     params: list[Any] = [d.offset(-stale_lock_age)]
     if backend is not None:
@@ -69,7 +68,7 @@ def reap(
     after it, instead of going to the back of a backlog.
     """
     d = dialect(using)
-    where, where_params = _stale_where(stale_lock_age, backend, using)
+    where, where_params = _stale_where(d, stale_lock_age, backend)
     # Lock in id order and skip rows another transaction holds (a racing completion,
     # renewal or reaper): no deadlocks, and each row is still reaped exactly once.
     stale = f"SELECT j.id FROM {d.jobs} AS j WHERE {where} ORDER BY j.id{d.skip_locked}"  # noqa: S608 - identifiers quoted, values bound

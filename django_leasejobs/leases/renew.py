@@ -8,7 +8,7 @@ from typing import Any
 
 from .dialect import dialect
 from .fenced import update_one, write
-from .rules import progress_message
+from .rules import Value, progress_message
 from .values import Progress, RenewResult
 
 
@@ -45,7 +45,7 @@ def renew(
         for lease, progress in wanted.items()
     }
 
-    def set_list(value: Any) -> str:
+    def set_list(value: Value) -> str:
         return (
             f"locked_until = {d.now_plus_value(value('offset'))}, heartbeat_at = {d.now}, "
             f"progress = COALESCE({value('fraction')}, j.progress), "
