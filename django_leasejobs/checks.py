@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
+from importlib import import_module
 from typing import Any
 
 from django.apps import AppConfig
@@ -10,7 +12,11 @@ from django.conf import settings
 from django.core import checks
 from django.db import connections
 
+from . import registry
+from .compat import DEFAULT_TASK_QUEUE_NAME
 from .conf import BACKEND_PATH, E_BAD_VALUE, E_DATABASE_FEATURES, E_UNKNOWN_DATABASE, parse_options
+from .exceptions import UnknownTask
+from .schedules.spec import E_SCHEDULE_QUEUE, E_SCHEDULE_TASK, ScheduleSpec
 
 SQLITE_MIN = (3, 35, 0)  # UPDATE ... RETURNING
 
@@ -52,6 +58,51 @@ def database_feature_problem(alias: str) -> str:
     )
 
 
+def scheduled_task_problem(
+    spec: ScheduleSpec, backend: str, queues: Iterable[str] | None
+) -> tuple[str, str]:
+    """(check id, message) when a schedule's task cannot run on ``backend`` ('' id if it can).
+
+    ``queues``: the backend's ``QUEUES`` (None or empty: every queue).
+    """
+    try:
+        task = registry.resolve(spec.task_path)
+    except UnknownTask as exc:
+        return E_SCHEDULE_TASK, f"Schedule {spec.name!r}: {exc}"
+    queue = spec.queue or task.queue_name
+    served = set(queues or ())
+    if served and queue not in served:
+        return (
+            E_SCHEDULE_QUEUE,
+            f"Schedule {spec.name!r}: queue {queue!r} is not served by TASKS[{backend!r}] "
+            f"(QUEUES: {', '.join(sorted(served))}).",
+        )
+    return "", ""
+
+
+def _schedule_messages(
+    alias: str, params: dict[str, Any], specs: Sequence[ScheduleSpec], imports: Sequence[str]
+) -> list[checks.CheckMessage]:
+    if not specs:
+        return []
+    for module in imports:
+        with contextlib.suppress(ImportError):  # the worker reports a bad IMPORTS entry
+            import_module(module)
+    queues = params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])
+    found = []
+    for spec in specs:
+        problem_id, msg = scheduled_task_problem(spec, alias, queues)
+        if problem_id:
+            hint = (
+                "Name a function declared with @task in an installed app's tasks module "
+                "(or a module in OPTIONS['IMPORTS'])."
+                if problem_id == E_SCHEDULE_TASK
+                else "Add the queue to QUEUES, or give the schedule a queue the backend serves."
+            )
+            found.append(_message(problem_id, msg, hint, False, f"TASKS[{alias!r}]"))
+    return found
+
+
 def _message(problem_id: str, msg: str, hint: str, warning: bool, obj: str) -> checks.CheckMessage:
     kind = checks.Warning if warning else checks.Error
     return kind(msg, hint=hint or None, obj=obj, id=problem_id)
@@ -80,6 +131,7 @@ def check_backends(
             continue
         options, problems = parse_options(raw)
         messages.extend(_message(p.id, p.msg, p.hint, p.warning, obj) for p in problems)
+        messages.extend(_schedule_messages(alias, params, options.schedules, options.imports))
         if options.database not in settings.DATABASES:
             messages.append(
                 _message(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .retry import Backoff, backoff_problems
+from .schedules.spec import ScheduleSpec, parse_schedules
 
 LockLostBehavior = Literal["sigkill", "sigterm"]
 LOCK_LOST_BEHAVIORS: tuple[str, ...] = ("sigkill", "sigterm")
@@ -70,6 +71,7 @@ class Options:
     poll_interval: float = 1.0
     database: str = "default"
     imports: tuple[str, ...] = ()
+    schedules: tuple[ScheduleSpec, ...] = ()
 
     @property
     def local_lease_deadline(self) -> float:
@@ -88,7 +90,9 @@ _NUMBERS: dict[str, tuple[str, type, float, bool]] = {
     "LOCK_LOST_GRACE": ("lock_lost_grace", float, 0, False),
     "POLL_INTERVAL": ("poll_interval", float, 0, True),
 }
-KNOWN_OPTIONS = frozenset({*_NUMBERS, "RETRY_BACKOFF", "LOCK_LOST_BEHAVIOR", "DATABASE", "IMPORTS"})
+KNOWN_OPTIONS = frozenset(
+    {*_NUMBERS, "RETRY_BACKOFF", "LOCK_LOST_BEHAVIOR", "DATABASE", "IMPORTS", "SCHEDULES"}
+)
 
 # What a duration above MAX_SECONDS breaks, per option.
 _TOO_LONG_BREAKS = {
@@ -159,9 +163,15 @@ def _timing_warnings(options: Options) -> list[Problem]:
 
 
 def parse_options(
-    raw: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
+    raw: Mapping[str, Any] | None,
+    environ: Mapping[str, str] | None = None,
+    default_timezone: str | None = None,
 ) -> tuple[Options, list[Problem]]:
-    """Read backend OPTIONS into :class:`Options`; return it with every problem found."""
+    """Read backend OPTIONS into :class:`Options`; return it with every problem found.
+
+    ``default_timezone``: the time zone of schedules that name none (default:
+    ``settings.TIME_ZONE``, or UTC when it is unset).
+    """
     environ = os.environ if environ is None else environ
     problems: list[Problem] = []
     if raw is None:
@@ -226,6 +236,16 @@ def parse_options(
             problems.append(
                 Problem(E_BAD_VALUE, f"IMPORTS must be a list of module paths, got {imports!r}")
             )
+
+    if "SCHEDULES" in raw:
+        if default_timezone is None:
+            from django.conf import settings
+
+            default_timezone = getattr(settings, "TIME_ZONE", None) or "UTC"
+        values["schedules"], schedule_problems = parse_schedules(
+            raw["SCHEDULES"], default_timezone
+        )
+        problems.extend(Problem(p.id, p.msg, p.hint) for p in schedule_problems)
 
     behavior_sources = []
     if "LOCK_LOST_BEHAVIOR" in raw:

@@ -248,3 +248,78 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class Schedule(models.Model):
+    """The state of one schedule of ``OPTIONS["SCHEDULES"]`` (the definition lives in settings).
+
+    ``last_tick`` is the schedule's cursor: every tick up to it has been enqueued or
+    skipped, and no tick at or before it is ever enqueued again. The definition columns
+    are a copy of the settings, kept for display and for history once a schedule is
+    removed from settings (``removed_at``).
+    """
+
+    backend = models.CharField(max_length=64, default="default")
+    name = models.CharField(max_length=200)
+    task_path = models.CharField(max_length=512)
+    expression = models.CharField(max_length=255, help_text="Cron expression or 'every Ns'.")
+    timezone = models.CharField(max_length=64, default="UTC")
+    enabled = models.BooleanField(default=True, help_text="As declared in settings.")
+    paused = models.BooleanField(default=False, help_text="Paused by an operator.")
+    paused_at = models.DateTimeField(null=True, blank=True)
+    removed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a worker found it gone from settings."
+    )
+    last_tick = models.DateTimeField(
+        null=True, blank=True, help_text="Every tick up to this one was enqueued or skipped."
+    )
+    next_tick = models.DateTimeField(null=True, blank=True)
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_job_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=DatabaseNow())
+    updated_at = models.DateTimeField(db_default=DatabaseNow())
+
+    class Meta:
+        db_table = "leasejobs_schedule"
+        verbose_name = _("schedule")
+        verbose_name_plural = _("schedules")
+        ordering = ["backend", "name"]
+        permissions = [
+            ("pause_schedule", "Can pause and resume schedules"),
+            ("run_schedule", "Can run a schedule now"),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["backend", "name"], name="leasejobs_schedule_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RunKind(models.TextChoices):
+    TICK = "tick", _("Tick")
+    MANUAL = "manual", _("Run now")
+
+
+class ScheduleRun(models.Model):
+    """One job a schedule enqueued. (schedule, tick) is unique: a tick runs at most once."""
+
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="runs")
+    tick = models.DateTimeField(null=True, blank=True, help_text="Empty for 'run now'.")
+    kind = models.CharField(max_length=8, choices=RunKind.choices, default=RunKind.TICK)
+    job_id = models.BigIntegerField(null=True, blank=True)
+    enqueued_at = models.DateTimeField(db_default=DatabaseNow())
+
+    class Meta:
+        db_table = "leasejobs_schedule_run"
+        verbose_name = _("schedule run")
+        verbose_name_plural = _("schedule runs")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["schedule", "tick"], name="leasejobs_schedule_run_tick_unique"
+            ),
+        ]
+        indexes = [models.Index(fields=["enqueued_at"], name="leasejobs_schedule_run_age_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} @ {self.tick or 'now'}"

@@ -10,7 +10,8 @@ Threads of one worker process:
 * watchdog (``heartbeat.py``): never touches the database; stops jobs whose lease is
   lost by the local deadline, whose timeout passed, and escalates SIGTERM to SIGKILL;
 * reaper (``heartbeat.py``): the set-based reap every ``STALE_LOCK_INTERVAL``;
-* listener (``listener.py``, PostgreSQL): ``LISTEN leasejobs`` to wake the main loop.
+* listener (``listener.py``, PostgreSQL): ``LISTEN leasejobs`` to wake the main loop;
+* scheduler (``scheduler.py``): enqueues the due ticks of the backend's ``SCHEDULES``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from .heartbeat import Heartbeat, Reaper, Watchdog
 from .listener import Listener
 from .pools import Event, ProcessPool, ProgressEvent, ThreadPool
 from .rounds import RoundContext, RoundPlan, RoundResult, run_round
+from .scheduler import Scheduler
 
 logger = logging.getLogger("django_leasejobs")
 
@@ -87,6 +89,12 @@ class WorkerConfig:
     prefetch: int | None = None
     """At most this many jobs claimed beyond the free slots while jobs are short;
     None = 64 per slot, at most 512; 0 turns prefetching off."""
+    scheduler: bool | None = None
+    """Run the scheduler thread; None = unless ``burst`` (only when there are schedules)."""
+
+    @property
+    def runs_schedules(self) -> bool:
+        return (not self.burst) if self.scheduler is None else self.scheduler
 
 
 def default_worker_id() -> str:
@@ -323,6 +331,8 @@ class Worker:
             self._threads.append(Reaper(self, self._stop_threads))
         if connections[self.database].vendor == "postgresql":
             self._threads.append(Listener(self, self._stop_threads))
+        if self.config.runs_schedules and self.options.schedules:
+            self._threads.append(Scheduler(self, self._stop_threads))
         for thread in self._threads:
             thread.start()
 

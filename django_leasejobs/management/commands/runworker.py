@@ -80,6 +80,12 @@ class Command(BaseCommand):
             "stopped and released (default: 30).",
         )
         parser.add_argument(
+            "--no-scheduler",
+            action="store_true",
+            help="Do not enqueue the backend's SCHEDULES from this worker (by default every "
+            "worker but a --burst one runs them; any number may, each tick runs once).",
+        )
+        parser.add_argument(
             "--reload",
             action="store_true",
             help="Development: restart the worker when Python code changes (running jobs "
@@ -105,6 +111,7 @@ class Command(BaseCommand):
             worker_id=options["worker_id"],
             shutdown_timeout=options["shutdown_timeout"],
             prefetch=options["prefetch"],
+            scheduler=False if options["no_scheduler"] else None,
         )
         if options["reload"]:
 
