@@ -242,9 +242,7 @@ def parse_options(
             from django.conf import settings
 
             default_timezone = getattr(settings, "TIME_ZONE", None) or "UTC"
-        values["schedules"], schedule_problems = parse_schedules(
-            raw["SCHEDULES"], default_timezone
-        )
+        values["schedules"], schedule_problems = parse_schedules(raw["SCHEDULES"], default_timezone)
         problems.extend(Problem(p.id, p.msg, p.hint) for p in schedule_problems)
 
     behavior_sources = []
