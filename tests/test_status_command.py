@@ -18,10 +18,13 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 from django.db.models.functions import Now
+from django.test import override_settings
 from django.utils import timezone
 
 from django_leasejobs import leases
-from django_leasejobs.models import Job, JobStatus, Worker, WorkerState
+from django_leasejobs.models import Job, JobStatus, Schedule, Worker, WorkerState
+from django_leasejobs.schedules import pause
+from django_leasejobs.schedules.scheduler import lease_backend, run_pass
 from tests.tasks import add
 
 WORKER = "host-s:4242:ssssss"
@@ -322,6 +325,81 @@ def test_bad_threshold_values_are_rejected(args: list[str], message: str) -> Non
 def test_unknown_backend_is_rejected() -> None:
     error, _out, _err = status_problem("--backend", "nope")
     assert "No task backend 'nope'" in str(error)
+
+
+# --------------------------------------------------------------------------- schedules
+
+EVERY_MINUTE = {"task": "tests.tasks.add", "every": 60, "args": [1, 2]}
+
+
+def with_schedules(*names: str) -> Any:
+    """TASKS with the default backend and an every-minute schedule of each name."""
+    return override_settings(
+        TASKS={
+            "default": {
+                "BACKEND": "django_leasejobs.backend.LeaseJobsBackend",
+                "QUEUES": ["default", "high", "low"],
+                "OPTIONS": {"SCHEDULES": dict.fromkeys(names, EVERY_MINUTE)},
+            }
+        }
+    )
+
+
+def unattended(name: str, minutes: int = 10) -> None:
+    """Simulate schedules no worker ran: the cursor ``minutes`` periods back."""
+    cursor = leases.database_now() - timedelta(minutes=minutes)
+    assert Schedule.objects.filter(name=name).update(last_tick=cursor) == 1
+
+
+@DB
+def test_overdue_schedule_is_reported_without_changing_the_exit_code() -> None:
+    with with_schedules("late", "fine", "held"):
+        run_pass(lease_backend("default"))
+        unattended("late")
+        unattended("held")
+        pause("held")  # paused: late on purpose
+
+        out, err = status()
+        data = json.loads(status("--json")[0])
+        error, _out, problem = status_problem("--max-overdue-schedules", "0")
+        status("--max-overdue-schedules", "1")
+
+    (line,) = [line for line in out.splitlines() if line.startswith("schedule ")]
+    assert re.fullmatch(
+        r"schedule late overdue: its tick of \S+ \S+ is (9|10)m late; no worker is running "
+        r"the schedules \(see manage.py leasejobs_schedules\)",
+        line,
+    ), line
+    assert err == ""
+    (overdue,) = data["overdue_schedules"]
+    assert (overdue["name"], overdue["state"], overdue["overdue"]) == ("late", "active", True)
+    assert 9 * 60 <= overdue["overdue_seconds"] < 11 * 60
+    assert overdue["next_tick"].endswith("+00:00")
+    assert data["problems"] == []
+    assert error.returncode == 1
+    assert str(error) == "1 schedules overdue (> 0)"
+    assert "PROBLEM: 1 schedules overdue (> 0)" in problem
+
+
+@DB
+def test_healthy_and_new_schedules_are_not_overdue() -> None:
+    with with_schedules("fine", "fresh"):
+        with with_schedules("fine"):
+            run_pass(lease_backend("default"))
+        # "fresh" is new: declared, never seen by a scheduler.
+
+        out, err = status("--max-overdue-schedules", "0")
+        data = json.loads(status("--json")[0])
+
+    assert "overdue" not in out
+    assert err == ""
+    assert data["overdue_schedules"] == []
+
+
+@DB
+def test_no_schedules_nothing_overdue() -> None:
+    data = json.loads(status("--json", "--max-overdue-schedules", "0")[0])
+    assert data["overdue_schedules"] == []
 
 
 # --------------------------------------------------------------------------- command line

@@ -1,7 +1,9 @@
 """``manage.py leasejobs_status``: the dashboard's health summary in a terminal (or as JSON).
 
-With ``--max-age`` / ``--max-dead`` / ``--max-expired`` it doubles as a health probe:
-exit code 1 when a threshold is passed, 0 otherwise.
+With ``--max-age`` / ``--max-dead`` / ``--max-expired`` (and the others) it doubles as a
+health probe: exit code 1 when a threshold is passed, 0 otherwise. Like workers that
+report problems, overdue schedules (no worker is running the schedules) are always
+shown and change the exit code only with a threshold (``--max-overdue-schedules``).
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
+from ...schedules import ScheduleView, overview
 from ...stats import Health, collect, online_window
 from ...templatetags.leasejobs_admin import percent, seconds
 from ..argtypes import non_negative_int, non_negative_seconds
 from ..backends import get_leasejobs_backend
+from .leasejobs_schedules import view_as_dict
 
 
 class Command(BaseCommand):
@@ -50,6 +54,13 @@ class Command(BaseCommand):
             help="Exit 1 when more online workers than this report a problem (outcomes "
             "they cannot record, failing database rounds).",
         )
+        parser.add_argument(
+            "--max-overdue-schedules",
+            type=non_negative_int,
+            default=None,
+            help="Exit 1 when more schedules than this are overdue (a tick more than one "
+            "period late: no worker is running the schedules).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         backend = get_leasejobs_backend(options["backend"])
@@ -58,21 +69,30 @@ class Command(BaseCommand):
                 using=backend.database,
                 online_after=online_window(backend.config.heartbeat_interval),
             )
+            # Only a schedule declared in settings can be overdue: none, no query.
+            overdue = (
+                [view for view in overview(backend.alias, now=health.now) if view.overdue]
+                if backend.config.schedules
+                else []
+            )
         except DatabaseError as exc:
             raise CommandError(
                 f"database {backend.database!r} unreachable or failing: {exc}".strip(), returncode=2
             ) from exc
-        problems = self._problems(health, options)
+        problems = self._problems(health, overdue, options)
         if options["json"]:
             payload = health.as_dict()
+            payload["overdue_schedules"] = [view_as_dict(view) for view in overdue]
             payload["problems"] = problems
             self.stdout.write(json.dumps(payload, indent=2, sort_keys=True))
         else:
-            self._print_table(health, problems)
+            self._print_table(health, overdue, problems)
         if problems:
             raise CommandError("; ".join(problems), returncode=1)
 
-    def _problems(self, health: Health, options: dict[str, Any]) -> list[str]:
+    def _problems(
+        self, health: Health, overdue: list[ScheduleView], options: dict[str, Any]
+    ) -> list[str]:
         totals = health.totals
         problems = []
         wait = totals.oldest_ready_wait
@@ -93,9 +113,14 @@ class Command(BaseCommand):
                 f"{len(troubled)} online workers report problems "
                 f"(> {options['max_worker_problems']})"
             )
+        limit = options["max_overdue_schedules"]
+        if limit is not None and len(overdue) > limit:
+            problems.append(f"{len(overdue)} schedules overdue (> {limit})")
         return problems
 
-    def _print_table(self, health: Health, problems: list[str]) -> None:
+    def _print_table(
+        self, health: Health, overdue: list[ScheduleView], problems: list[str]
+    ) -> None:
         header = (
             "queue",
             "ready",
@@ -141,5 +166,11 @@ class Command(BaseCommand):
         )
         for worker in health.troubled_workers:
             self.stdout.write(f"worker {worker.id} reports: {worker.problem}")
+        for view in overdue:
+            self.stdout.write(
+                f"schedule {view.name} overdue: its tick of "
+                f"{view.next_tick:%Y-%m-%d %H:%M:%S} is {seconds(view.overdue_seconds)} late; "
+                "no worker is running the schedules (see manage.py leasejobs_schedules)"
+            )
         for problem in problems:
             self.stderr.write(f"PROBLEM: {problem}")
