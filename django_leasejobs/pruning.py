@@ -1,7 +1,10 @@
-"""Delete old finished jobs (and their attempts) in short, bounded batches.
+"""Delete old finished jobs (and their attempts), and old schedule runs, in short batches.
 
 Used by ``manage.py prune_jobs``. The age cut-off is computed by the database
-(``DatabaseNow() - interval``), never by this process's clock.
+(``DatabaseNow() - interval``), never by this process's clock. Schedule runs
+(``ScheduleRun``) go by the same cut-off on ``enqueued_at``; the schedules' state rows
+(``Schedule``) are never touched, and their cursor, not the run rows, is what keeps a
+tick from being enqueued twice.
 """
 
 from __future__ import annotations
@@ -9,14 +12,16 @@ from __future__ import annotations
 import argparse
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
+from django.db.models import DateTimeField, ExpressionWrapper, Q, QuerySet, Value
 
 from .functions import DatabaseNow
-from .models import Job, JobAttempt, JobStatus
+from .models import Job, JobAttempt, JobStatus, Schedule, ScheduleRun
 
 logger = logging.getLogger("django_leasejobs")
 
@@ -50,16 +55,56 @@ def statuses_for(include_failed: bool) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class PruneResult:
     count: int
+    """Jobs deleted (or, in a dry run, that would be)."""
     batches: int
     dry_run: bool
+    schedule_runs: int = 0
+    """Schedule runs deleted (or, in a dry run, that would be)."""
+
+
+def _cutoff(older_than: timedelta) -> ExpressionWrapper:
+    return ExpressionWrapper(DatabaseNow() - Value(older_than), output_field=DateTimeField())
 
 
 def _prunable(older_than: timedelta, statuses: tuple[str, ...], backend: str | None) -> Q:
-    cutoff = ExpressionWrapper(DatabaseNow() - Value(older_than), output_field=DateTimeField())
-    condition = Q(status__in=statuses, finished_at__lt=cutoff)
+    condition = Q(status__in=statuses, finished_at__lt=_cutoff(older_than))
     if backend is not None:
         condition &= Q(backend=backend)
     return condition
+
+
+def _old_runs(older_than: timedelta, backend: str | None, using: str) -> QuerySet[ScheduleRun]:
+    runs = ScheduleRun.objects.using(using).filter(enqueued_at__lt=_cutoff(older_than))
+    if backend is not None:
+        # The backend's few schedule ids, not a join: the batches lock run rows only.
+        schedules = Schedule.objects.using(using).filter(backend=backend)
+        runs = runs.filter(schedule_id__in=list(schedules.values_list("pk", flat=True)))
+    return runs
+
+
+def _in_batches(
+    matching: QuerySet[Any], delete: Callable[[list[int]], int], batch_size: int, using: str
+) -> tuple[int, int]:
+    """Delete the ``matching`` rows, ``batch_size`` per short transaction; (count, batches).
+
+    Each batch locks up to ``batch_size`` ids (lowest first; rows locked by someone else
+    are skipped where the database can) and ``delete`` removes them. Stops after the
+    first short batch.
+    """
+    skip_locked = connections[using].features.has_select_for_update_skip_locked
+    total = batches = 0
+    while True:
+        with transaction.atomic(using=using):
+            ids = list(
+                matching.select_for_update(skip_locked=skip_locked)
+                .order_by("id")
+                .values_list("id", flat=True)[:batch_size]
+            )
+            if ids:
+                total += delete(ids)
+                batches += 1
+        if len(ids) < batch_size:
+            return total, batches
 
 
 def prune(
@@ -71,43 +116,41 @@ def prune(
     backend: str | None = None,
     using: str = "default",
 ) -> PruneResult:
-    """Delete finished jobs whose ``finished_at`` is older than ``older_than`` (database clock).
+    """Delete finished jobs whose ``finished_at`` is older than ``older_than`` (database clock),
+    and schedule runs whose ``enqueued_at`` is.
 
     Each batch is its own short transaction: lock up to ``batch_size`` matching ids
     (lowest first; rows locked by someone else are skipped where the database can),
-    delete their attempts, then the jobs. Stops after the first short batch.
-    ``dry_run`` only counts.
+    delete their attempts, then the jobs; then the same for schedule runs. Each stops
+    after its first short batch. ``dry_run`` only counts.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     statuses = statuses_for(include_failed)
-    condition = _prunable(older_than, statuses, backend)
     jobs = Job.objects.using(using)
+    prunable = jobs.filter(_prunable(older_than, statuses, backend))
+    old_runs = _old_runs(older_than, backend, using)
 
     if dry_run:
-        count = jobs.filter(condition).count()
-        return PruneResult(count=count, batches=-(-count // batch_size), dry_run=True)
+        count = prunable.count()
+        return PruneResult(
+            count=count,
+            batches=-(-count // batch_size),
+            dry_run=True,
+            schedule_runs=old_runs.count(),
+        )
 
-    skip_locked = connections[using].features.has_select_for_update_skip_locked
-    total = batches = 0
-    while True:
-        with transaction.atomic(using=using):
-            ids = list(
-                jobs.filter(condition)
-                .select_for_update(skip_locked=skip_locked)
-                .order_by("id")
-                .values_list("id", flat=True)[:batch_size]
-            )
-            if ids:
-                # Attempts first and explicitly, in the same transaction: the result does
-                # not depend on a database-level ON DELETE CASCADE.
-                JobAttempt.objects.using(using).filter(job_id__in=ids).delete()
-                _, per_model = jobs.filter(pk__in=ids).delete()
-                total += per_model.get(Job._meta.label, 0)
-                batches += 1
-        if len(ids) < batch_size:
-            break
+    def delete_jobs(ids: list[int]) -> int:
+        # Attempts first and explicitly, in the same transaction: the result does not
+        # depend on a database-level ON DELETE CASCADE.
+        JobAttempt.objects.using(using).filter(job_id__in=ids).delete()
+        _, per_model = jobs.filter(pk__in=ids).delete()
+        return per_model.get(Job._meta.label, 0)
 
+    def delete_runs(ids: list[int]) -> int:
+        return ScheduleRun.objects.using(using).filter(pk__in=ids).delete()[0]
+
+    total, batches = _in_batches(prunable, delete_jobs, batch_size, using)
     logger.info(
         "pruned finished jobs count=%d",
         total,
@@ -119,4 +162,15 @@ def prune(
             "backend": backend,
         },
     )
-    return PruneResult(count=total, batches=batches, dry_run=False)
+    runs, run_batches = _in_batches(old_runs, delete_runs, batch_size, using)
+    logger.info(
+        "pruned schedule runs count=%d",
+        runs,
+        extra={
+            "count": runs,
+            "batches": run_batches,
+            "older_than": older_than.total_seconds(),
+            "backend": backend,
+        },
+    )
+    return PruneResult(count=total, batches=batches, dry_run=False, schedule_runs=runs)

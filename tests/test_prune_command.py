@@ -1,9 +1,11 @@
-"""``manage.py prune_jobs``: age cut-off, statuses, attempts, batches, dry run, bad input."""
+"""``manage.py prune_jobs``: age cut-off, statuses, attempts, schedule runs, batches, dry run,
+bad input."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from io import StringIO
+from itertools import count as counter
 from typing import Any
 
 import pytest
@@ -12,7 +14,15 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.db.models.functions import Now
 
-from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
+from django_leasejobs.models import (
+    AttemptOutcome,
+    Job,
+    JobAttempt,
+    JobStatus,
+    RunKind,
+    Schedule,
+    ScheduleRun,
+)
 from tests.conftest import ListHandler
 
 # Each batch commits on its own, as in production.
@@ -175,7 +185,8 @@ def test_dry_run_counts_and_deletes_nothing(leasejobs_log: ListHandler) -> None:
 
     lines = prune("--older-than", "7d", "--dry-run", "--batch-size", "2").splitlines()
     assert lines == [
-        "dry run: would prune finished jobs count=5 batches=3 statuses=succeeded,cancelled"
+        "dry run: would prune finished jobs count=5 batches=3 statuses=succeeded,cancelled",
+        "dry run: would prune schedule runs count=0",
     ]
     output = prune("--older-than", "7d", "--dry-run", "--include-failed")
     assert "dry run: would prune finished jobs count=7 " in output
@@ -183,6 +194,74 @@ def test_dry_run_counts_and_deletes_nothing(leasejobs_log: ListHandler) -> None:
     assert remaining(old) == set(old)
     assert JobAttempt.objects.filter(job_id__in=old).count() == 7
     assert not [r for r in leasejobs_log.records if r.getMessage().startswith("pruned")]
+
+
+# --------------------------------------------------------------------------- schedule runs
+
+
+TICKS = (datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=n) for n in counter())
+
+
+def make_runs(count: int, *, old: bool = True, backend: str = "default") -> list[int]:
+    """Runs of a schedule (ticks, and one "run now" when ``count`` > 1), enqueued long ago
+    (by the database's clock) unless not ``old``."""
+    schedule, _ = Schedule.objects.get_or_create(
+        backend=backend,
+        name="nightly",
+        defaults={"task_path": "tests.tasks.add", "expression": "0 3 * * *"},
+    )
+    ids = []
+    for n in range(count):
+        manual = n == 0 and count > 1
+        run = ScheduleRun.objects.create(
+            schedule=schedule,
+            tick=None if manual else next(TICKS),
+            kind=RunKind.MANUAL if manual else RunKind.TICK,
+            job_id=n + 1,
+        )
+        ids.append(run.pk)
+    if old:
+        changed = ScheduleRun.objects.filter(pk__in=ids).update(
+            enqueued_at=Now() - timedelta(days=10)
+        )
+        assert changed == count
+    return ids
+
+
+def runs_left(ids: list[int]) -> set[int]:
+    return set(ScheduleRun.objects.filter(pk__in=ids).values_list("pk", flat=True))
+
+
+@DB
+def test_old_schedule_runs_go_the_schedules_stay(leasejobs_log: ListHandler) -> None:
+    old = make_runs(5)
+    recent = make_runs(2, old=False)
+    theirs = make_runs(3, backend="other")
+    schedules = list(Schedule.objects.order_by("pk").values_list("pk", "backend", "name"))
+
+    output = prune("--older-than", "7d", "--batch-size", "2").splitlines()
+
+    assert output == ["pruned finished jobs count=0", "pruned schedule runs count=5"]
+    assert runs_left(old) == set()
+    assert runs_left(recent) == set(recent)
+    assert runs_left(theirs) == set(theirs)  # another backend's
+    assert list(Schedule.objects.order_by("pk").values_list("pk", "backend", "name")) == schedules
+    record: Any = next(
+        r for r in leasejobs_log.records if r.getMessage() == "pruned schedule runs count=5"
+    )
+    assert (record.count, record.batches, record.backend) == (5, 3, "default")
+    assert record.older_than == 7 * 86400
+
+
+@DB
+def test_schedule_runs_are_counted_in_a_dry_run() -> None:
+    old = make_runs(3)
+    make_runs(1, old=False)
+
+    output = prune("--older-than", "7d", "--dry-run").splitlines()
+
+    assert output[1] == "dry run: would prune schedule runs count=3"
+    assert runs_left(old) == set(old)
 
 
 # --------------------------------------------------------------------------- bad input

@@ -1,4 +1,4 @@
-"""``manage.py prune_jobs``: delete old finished jobs in short batches (for cron)."""
+"""``manage.py prune_jobs``: delete old finished jobs and schedule runs in short batches."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []
     help = (
         "Delete finished jobs (succeeded, cancelled; with --include-failed also failed and "
-        "dead) whose finished_at is older than --older-than, in short batches."
+        "dead) whose finished_at is older than --older-than, and schedule runs enqueued "
+        "before it, in short batches."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -26,7 +27,8 @@ class Command(BaseCommand):
             "--older-than",
             type=parse_age,
             required=True,
-            help="Age of finished_at, database clock: e.g. 90s, 30m, 12h, 7d, 2w.",
+            help="Age of finished_at (of a schedule run: enqueued_at), database clock: "
+            "e.g. 90s, 30m, 12h, 7d, 2w.",
         )
         parser.add_argument(
             "--include-failed",
@@ -37,7 +39,7 @@ class Command(BaseCommand):
             "--batch-size",
             type=positive_int,
             default=1000,
-            help="Jobs deleted per transaction (default: 1000).",
+            help="Jobs (or schedule runs) deleted per transaction (default: 1000).",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
@@ -65,5 +67,7 @@ class Command(BaseCommand):
                 f"dry run: would prune finished jobs count={result.count} "
                 f"batches={result.batches} statuses={statuses}"
             )
+            self.stdout.write(f"dry run: would prune schedule runs count={result.schedule_runs}")
             return
         self.stdout.write(f"pruned finished jobs count={result.count}")
+        self.stdout.write(f"pruned schedule runs count={result.schedule_runs}")
