@@ -629,6 +629,8 @@ def chart_bars(
 
 
 def dashboard_response(site: admin.AdminSite, request: HttpRequest) -> HttpResponse:
+    from .schedule_admin import dashboard_panel
+
     database = Job.objects.db
     health = stats.collect(using=database, online_after=online_after())
     context = {
@@ -637,6 +639,7 @@ def dashboard_response(site: admin.AdminSite, request: HttpRequest) -> HttpRespo
         "health": health,
         "totals": health.totals,
         "chart": chart_bars(health.per_minute),
+        "schedules": dashboard_panel(),
         "refresh_seconds": DASHBOARD_REFRESH_SECONDS,
         "job_changelist": reverse(f"{site.name}:django_leasejobs_job_changelist"),
         "opts": Job._meta,
@@ -798,3 +801,6 @@ class WorkerAdmin(FilterSafeAdmin):
                 ),
             ),
         )
+
+
+from . import schedule_admin  # noqa: E402, F401  (registers ScheduleAdmin)
