@@ -303,3 +303,51 @@ def test_actions_follow_the_permissions_of_a_group(live_server: Any, browser: An
     for path in ["job/", "job/dashboard/", "job/dashboard/?fragment=1", "queuedashboard/"]:
         response = page.goto(f"{live_server.url}/admin/django_leasejobs/{path}")
         assert response is not None and response.status == 403, path
+
+
+BROWSER_SCHEDULES = {
+    "nightly-report": {"task": "tests.tasks.add", "cron": "0 3 * * *", "args": [1, 2]},
+    "every-minute": {"task": "tests.tasks.add", "every": 60, "args": [2, 3]},
+}
+
+
+def test_the_schedules_page_lists_the_schedules_and_their_next_runs(
+    live_server: Any, browser: Any, shots: Path
+) -> None:
+    from django.conf import settings
+    from django.test import override_settings
+
+    from django_leasejobs.schedules import operations
+
+    get_user_model().objects.create_superuser("boss", "boss@example.com", PASSWORD)
+    default = {**settings.TASKS["default"], "OPTIONS": {"SCHEDULES": BROWSER_SCHEDULES}}
+    with override_settings(TASKS={**settings.TASKS, "default": default}):
+        page = browser.new_page()
+        problems = PageProblems(page)
+        log_in(page, live_server.url, "boss", PASSWORD)
+
+        # Declared in settings, never seen by a worker: the page lists them all the same.
+        page.get_by_role("link", name="Schedules").first.click()
+        page.wait_for_selector("#result_list")
+        names = page.locator("#result_list th.field-name a").all_inner_texts()
+        assert sorted(names) == sorted(BROWSER_SCHEDULES)
+        nightly = page.locator("#result_list tr", has_text="nightly-report")
+        assert _text_of(nightly, "td.field-state") == "active"
+        assert "At 03:00 every day" in _text_of(nightly, "td.field-trigger")
+        next_run = nightly.locator("td.field-next_run time")
+        assert next_run.is_visible()
+        [view] = [v for v in operations.overview() if v.name == "nightly-report"]
+        assert view.next_tick is not None
+        assert next_run.get_attribute("datetime") == view.next_tick.isoformat()
+        assert "(in " in _text_of(nightly, "td.field-next_run")
+        page.screenshot(path=shots / "schedules.png", full_page=True)
+
+        # The dashboard's panel names the same next runs.
+        page.goto(f"{live_server.url}/admin/django_leasejobs/queuedashboard/")
+        panel = page.inner_text("#lj-next-runs")
+        assert "nightly-report" in panel and "every-minute" in panel
+        assert problems.items == []
+
+
+def _text_of(row: Any, selector: str) -> str:
+    return str(row.locator(selector).inner_text()).strip()
