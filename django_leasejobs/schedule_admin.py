@@ -54,7 +54,8 @@ def lease_backends() -> dict[str, LeaseJobsBackend]:
 
 
 def sync_declared() -> None:
-    """Create the rows of schedules declared in settings but not yet seen by a worker."""
+    """Bring the state rows in line with settings, as a worker's scheduler pass does
+    (``transitions.sync``): a schedule no worker has seen yet gets its row and is listed."""
     for alias, backend in lease_backends().items():
         if backend.config.schedules:
             using = backend.database
@@ -71,7 +72,7 @@ class RowState:
 
 
 def _removed_view(row: Schedule) -> ScheduleView:
-    """A row of a backend alias no longer configured: removed, whatever it says."""
+    """The view of a row that no configured backend declares: removed, whatever it says."""
     return ScheduleView(
         backend=row.backend,
         name=row.name,
@@ -121,7 +122,7 @@ def when(moment: datetime | None, now: datetime) -> str:
     if moment is None:
         return "-"
     delta = (moment - now).total_seconds()
-    relative = gettext("in %s" if delta >= 0 else "%s ago") % seconds(delta)
+    relative = (gettext("in %s") if delta >= 0 else gettext("%s ago")) % seconds(delta)
     return format_html(
         '<time datetime="{}">{}</time> <small>({})</small>',
         moment.isoformat(),
