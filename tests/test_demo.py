@@ -1,4 +1,5 @@
-"""The demo's own commands, as scripts/demo runs them: enqueue a mix, run workers, stop."""
+"""The demo's own commands, as scripts/demo runs them: enqueue a mix, run workers (which
+also run the demo's schedules), stop."""
 
 from __future__ import annotations
 
@@ -11,9 +12,15 @@ from typing import Any
 
 import psutil
 import pytest
+from django.conf import settings
 
-from django_leasejobs.models import Job, JobStatus
+from django_leasejobs.compat import task_backends
+from django_leasejobs.leases import database_now
+from django_leasejobs.models import Job, JobStatus, RunKind, Schedule, ScheduleRun
 from django_leasejobs.models import Worker as WorkerRow
+from django_leasejobs.schedules.scheduler import run_pass
+from django_leasejobs.schedules.spec import parse_schedules
+from testproject.settings import DEMO_SCHEDULES
 from tests.worker_harness import FAST_OPTIONS, MANAGE_PY, REPO_ROOT, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,7 +42,11 @@ def test_demo_enqueue_then_demo_workers_run_jobs_and_stop_cleanly(
     scheduled = Job.objects.filter(task_path="demo.tasks.add", priority=10).count()
     assert scheduled == 1  # the job scheduled 5 minutes ahead
 
-    env = {**subprocess_env, "LEASEJOBS_TEST_OPTIONS": json.dumps(FAST_OPTIONS)}
+    env = {
+        **subprocess_env,
+        "LEASEJOBS_TEST_OPTIONS": json.dumps(FAST_OPTIONS),
+        "LEASEJOBS_DEMO_SCHEDULES": "1",  # as scripts/demo sets it
+    }
     supervisor = subprocess.Popen(
         [sys.executable, str(MANAGE_PY), "demo_workers", "--workers", "2", "--concurrency", "2"],
         cwd=REPO_ROOT,
@@ -60,6 +71,18 @@ def test_demo_enqueue_then_demo_workers_run_jobs_and_stop_cleanly(
             timeout=120,
             what="the demo's crash_worker job to be dead-lettered",
         )
+        # Both workers run the demo's schedules; the every-10-seconds one has ticked
+        # by now (or soon), and each of its ticks became exactly one job.
+        pings = Job.objects.filter(task_path="demo.tasks.ping")
+        wait_until(
+            lambda: pings.filter(status=JobStatus.SUCCEEDED).exists(),
+            timeout=60,
+            what="a job of the demo's every-10-seconds schedule to succeed",
+        )
+        runs = ScheduleRun.objects.filter(schedule__name="demo-ping", kind=RunKind.TICK)
+        assert runs.count() == pings.count()
+        assert runs.values("tick").distinct().count() == runs.count()
+        assert set(Schedule.objects.values_list("name", flat=True)) == set(DEMO_SCHEDULES)
         wait_until(
             lambda: WorkerRow.objects.filter(state="running").count() >= 2,
             timeout=30,
@@ -89,3 +112,35 @@ def test_demo_enqueue_then_demo_workers_run_jobs_and_stop_cleanly(
                     process.kill()
             except (ProcessLookupError, PermissionError, psutil.Error):
                 pass
+
+
+def test_demo_schedules_are_declared_for_the_demo_only_pass_the_checks_and_enqueue(
+    run_manage: Any, subprocess_env: dict[str, str]
+) -> None:
+    # The test suite builds on the demo's settings: without LEASEJOBS_DEMO_SCHEDULES
+    # (scripts/demo sets it) no worker started by a test runs the demo's schedules.
+    assert "SCHEDULES" not in settings.TASKS["default"]["OPTIONS"], (
+        "LEASEJOBS_DEMO_SCHEDULES is set in the test run's environment: unset it"
+    )
+    checked = run_manage(["check"], env={**subprocess_env, "LEASEJOBS_DEMO_SCHEDULES": "1"})
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "leasejobs.E0" not in checked.stdout + checked.stderr
+
+    specs, problems = parse_schedules(DEMO_SCHEDULES, "UTC")
+    assert problems == []
+    assert {spec.name for spec in specs} == {"demo-ping", "demo-queue-report"}
+    backend = task_backends["default"]
+    start = database_now(backend.database)
+    first = run_pass(backend, now=start, specs=specs)  # first seen: no back-fill
+    assert first.enqueued == ()
+    report = next(spec for spec in specs if spec.cron)
+    on_its_tick = report.next_after(start)  # the cron schedule's next tick, exactly
+    later = run_pass(backend, now=on_its_tick, specs=specs)
+    enqueued = {run.schedule: run for run in later.enqueued}
+    assert set(enqueued) == {"demo-ping", "demo-queue-report"}
+    assert enqueued["demo-queue-report"].tick == on_its_tick
+    ping = Job.objects.get(pk=enqueued["demo-ping"].job_id)
+    assert (ping.task_path, ping.queue) == ("demo.tasks.ping", "low")
+    assert ping.kwargs == {"label": "every 10 seconds"}
+    assert Job.objects.get(pk=enqueued["demo-queue-report"].job_id).queue == "default"
+    assert run_pass(backend, now=on_its_tick, specs=specs).enqueued == ()  # once per tick

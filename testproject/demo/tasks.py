@@ -1,4 +1,5 @@
-"""Tasks of the demo project: quick, slow (with progress), flaky and hopeless ones."""
+"""Tasks of the demo project: quick, slow (with progress), flaky and hopeless ones, and
+two that the demo's schedules enqueue (``ping``, ``queue_report``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import os
 import signal
 import time
 from typing import Any
+
+from django.db.models import Count
+from django.utils import timezone
 
 from django_leasejobs import task
 
@@ -61,3 +65,18 @@ def crash_worker(context: Any) -> None:
     """
     os.kill(os.getppid(), signal.SIGKILL)
     time.sleep(60)
+
+
+@task
+def ping(label: str = "ping") -> dict[str, str]:
+    """A scheduled demo job (every 10 s in the demo): says when it ran."""
+    return {"label": label, "ran_at": timezone.now().isoformat()}
+
+
+@task
+def queue_report() -> dict[str, int]:
+    """A scheduled demo job (every two minutes in the demo): the jobs by status."""
+    from django_leasejobs.models import Job
+
+    rows = Job.objects.order_by().values_list("status").annotate(count=Count("id"))
+    return {status: count for status, count in rows}

@@ -8,6 +8,9 @@ Environment variables:
   for child processes (see ``embedded_db``).
 * ``SECRET_KEY``, ``DEBUG`` (default true), ``ALLOWED_HOSTS`` (comma separated).
 * ``LEASEJOBS_DEMO_DATA``: where the demo's embedded PostgreSQL keeps its data.
+* ``LEASEJOBS_DEMO_SCHEDULES``: ``1`` declares the demo's schedules (``DEMO_SCHEDULES``;
+  ``scripts/demo`` sets it). Off by default: these settings are also the base of the
+  test suite's, and every non-burst worker a test starts would run them.
 """
 
 from pathlib import Path
@@ -109,6 +112,24 @@ TASKS = {
         "OPTIONS": {},
     }
 }
+
+# Periodic jobs of the demo (docs/schedules.md): declared only when the demo asks.
+DEMO_SCHEDULES = {
+    "demo-ping": {
+        "task": "demo.tasks.ping",
+        "every": 10,
+        "kwargs": {"label": "every 10 seconds"},
+        "queue": "low",
+    },
+    "demo-queue-report": {
+        "task": "demo.tasks.queue_report",
+        "cron": "*/2 * * * *",
+        "timezone": "Europe/Berlin",
+        "catch_up": "none",
+    },
+}
+if env.bool("LEASEJOBS_DEMO_SCHEDULES", default=False):
+    TASKS["default"]["OPTIONS"]["SCHEDULES"] = DEMO_SCHEDULES
 
 # -- the rest ----------------------------------------------------------------------------
 
