@@ -112,6 +112,9 @@ def run_pass(
             continue
         try:
             enqueued.extend(_pass_one(backend, spec, row, now, scheduler))
+            if not row.paused:
+                upcoming = spec.next_after(max(now, row.last_tick or now))
+                next_due = upcoming if next_due is None else min(next_due, upcoming)
         except Exception as exc:  # one broken schedule never stops the others
             failed.append(spec.name)
             logger.exception(
@@ -120,9 +123,6 @@ def run_pass(
                 _text(exc),
                 extra={"schedule": spec.name, "backend": backend.alias, "worker": scheduler},
             )
-        if not row.paused:
-            upcoming = spec.next_after(max(now, row.last_tick or now))
-            next_due = upcoming if next_due is None else min(next_due, upcoming)
     return PassReport(now=now, enqueued=tuple(enqueued), next_due=next_due, failed=tuple(failed))
 
 

@@ -77,6 +77,11 @@ MAX_SCAN = 10_000
 """Most ticks counted between two instants; an outage longer than that many periods is
 treated as exactly that many (only the policy's most recent ticks are ever enqueued)."""
 
+MAX_BEHIND = 4000
+"""Ticks in a row that cronsim may give at or before the last one (the repeated hour of a
+fall-back night has at most 60 with minute resolution) before the expression is
+treated as one that cannot advance: an error for that schedule, never a hung thread."""
+
 ON_TIME_LIMITS = (1.0, 60.0)
 """A tick is on time when a scheduler sees it within half a period of it, but at least
 1 s and at most 60 s; later than that it was missed, and ``catch_up`` decides."""
@@ -138,14 +143,21 @@ class ScheduleSpec:
 
     def _cron_ticks(self, after: datetime) -> Iterator[datetime]:
         """Cron ticks strictly after ``after``, in increasing order, as UTC datetimes."""
-        last = after
-        for local in CronSim(self.cron or "", after.astimezone(self.zone)):
+        last = _plain(after)
+        behind = 0
+        for local in CronSim(self.cron or "", last.astimezone(self.zone)):
             tick = local.astimezone(UTC)
-            # On the repeated hour of a fall-back day cronsim walks wall-clock time, so
-            # a time can come out earlier (in real time) than one already seen: skip it.
             if tick > last:
-                last = tick
+                last, behind = tick, 0
                 yield tick
+                continue
+            # On the repeated hour of a fall-back day cronsim walks wall-clock time, so a
+            # time can come out earlier (in real time) than one already seen: skip it.
+            behind += 1
+            if behind > MAX_BEHIND:
+                raise RuntimeError(
+                    f"cron {self.cron!r} in {self.timezone}: no tick after {last.isoformat()}"
+                )
 
     def ticks_between(self, after: datetime, until: datetime) -> tuple[list[datetime], int]:
         """Ticks in ``(after, until]``: the most recent ``catch_up_limit`` (oldest first)
@@ -171,7 +183,7 @@ class ScheduleSpec:
             count += 1
             found.append(tick)
         # A very long outage: take the most recent ticks walking back from ``until``.
-        start = until.replace(microsecond=0) + timedelta(seconds=1)
+        start = _plain(until).replace(microsecond=0) + timedelta(seconds=1)
         recent = CronSim(self.cron or "", start.astimezone(self.zone), reverse=True)
         latest = [t.astimezone(UTC) for t, _ in zip(recent, range(keep), strict=False)]
         return sorted(t for t in latest if after < t <= until), count
@@ -181,6 +193,13 @@ class ScheduleSpec:
         period = (self.next_after(tick) - tick).total_seconds()
         low, high = ON_TIME_LIMITS
         return min(max(period / 2, low), high)
+
+
+def _plain(instant: datetime) -> datetime:
+    """``instant`` as a plain aware UTC datetime (a subclass, such as a test clock's, may
+    lose ``fold`` in ``astimezone``: the very bit that tells the two 02:30s of a
+    fall-back night apart)."""
+    return datetime.fromtimestamp(instant.timestamp(), UTC)
 
 
 def _seconds_text(seconds: int) -> str:
