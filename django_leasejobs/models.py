@@ -268,7 +268,9 @@ class Schedule(models.Model):
     paused = models.BooleanField(default=False, help_text="Paused by an operator.")
     paused_at = models.DateTimeField(null=True, blank=True)
     removed_at = models.DateTimeField(
-        null=True, blank=True, help_text="When a worker found it gone from settings."
+        null=True,
+        blank=True,
+        help_text="When a scheduler pass (a worker or the admin) found it gone from settings.",
     )
     last_tick = models.DateTimeField(
         null=True, blank=True, help_text="Every tick up to this one was enqueued or skipped."

@@ -503,7 +503,7 @@ def test_start_line_logs_the_worker_settings(workers: Workers) -> None:
     assert " INFO django_leasejobs " in line
     assert line.endswith(
         "worker flow-start started: backend=default queues=high,low pool=thread "
-        "concurrency=3 lease=3s heartbeat=0.5s reaper=0.7s lock_lost=sigterm"
+        "concurrency=3 lease=3s heartbeat=0.5s reaper=0.7s lock_lost=sigterm schedules=0"
     )
     worker.terminate()
     assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.output

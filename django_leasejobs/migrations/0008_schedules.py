@@ -24,7 +24,7 @@ class Migration(migrations.Migration):
                 ('enabled', models.BooleanField(default=True, help_text='As declared in settings.')),
                 ('paused', models.BooleanField(default=False, help_text='Paused by an operator.')),
                 ('paused_at', models.DateTimeField(blank=True, null=True)),
-                ('removed_at', models.DateTimeField(blank=True, help_text='When a worker found it gone from settings.', null=True)),
+                ('removed_at', models.DateTimeField(blank=True, help_text='When a scheduler pass (a worker or the admin) found it gone from settings.', null=True)),
                 ('last_tick', models.DateTimeField(blank=True, help_text='Every tick up to this one was enqueued or skipped.', null=True)),
                 ('next_tick', models.DateTimeField(blank=True, null=True)),
                 ('last_run_at', models.DateTimeField(blank=True, null=True)),

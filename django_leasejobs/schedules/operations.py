@@ -7,8 +7,8 @@ dashboard, so that they all tell the same story.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Literal
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 from ..compat import DEFAULT_TASK_BACKEND_ALIAS
 from ..leases import database_now
@@ -45,6 +45,29 @@ class ScheduleView:
     worker is running the schedules."""
     overdue_seconds: float
     pk: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (times in ISO 8601 UTC, None where absent): the schedule as
+        ``leasejobs_schedules --json`` and ``leasejobs_status --json`` print it."""
+        return {
+            "name": self.name,
+            "task_path": self.task_path,
+            "expression": self.expression,
+            "description": self.description,
+            "timezone": self.timezone,
+            "state": self.state,
+            "next_tick": _iso(self.next_tick),
+            "last_tick": _iso(self.last_tick),
+            "last_run_at": _iso(self.last_run_at),
+            "last_job_id": self.last_job_id,
+            "last_job_status": self.last_job_status,
+            "overdue": self.overdue,
+            "overdue_seconds": self.overdue_seconds,
+        }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat()
 
 
 def _state(row: Schedule | None, spec: ScheduleSpec | None) -> State:

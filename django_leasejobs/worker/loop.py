@@ -284,7 +284,7 @@ class Worker:
             self._start_threads()
             logger.info(
                 "worker %s started: backend=%s queues=%s pool=%s concurrency=%d lease=%gs "
-                "heartbeat=%gs reaper=%gs lock_lost=%s",
+                "heartbeat=%gs reaper=%gs lock_lost=%s schedules=%d",
                 self.worker_id,
                 self.backend.alias,
                 ",".join(self.queues) if self.queues else "*",
@@ -294,6 +294,7 @@ class Worker:
                 self.options.heartbeat_interval,
                 self.options.stale_lock_interval,
                 self.options.lock_lost_behavior,
+                self._scheduled,
                 extra={
                     "worker": self.worker_id,
                     "backend": self.backend.alias,
@@ -301,6 +302,7 @@ class Worker:
                     "pool": self.pool.kind,
                     "concurrency": self.config.concurrency,
                     "pid": os.getpid(),
+                    "schedules": self._scheduled,
                 },
             )
             self._main_loop()
@@ -322,6 +324,11 @@ class Worker:
             )
         return 0
 
+    @property
+    def _scheduled(self) -> int:
+        """How many schedules this worker's scheduler thread runs (0: none)."""
+        return len(self.options.schedules) if self.config.runs_schedules else 0
+
     def _start_threads(self) -> None:
         self._threads = [
             Heartbeat(self, self._stop_threads),
@@ -331,7 +338,7 @@ class Worker:
             self._threads.append(Reaper(self, self._stop_threads))
         if connections[self.database].vendor == "postgresql":
             self._threads.append(Listener(self, self._stop_threads))
-        if self.config.runs_schedules and self.options.schedules:
+        if self._scheduled:
             self._threads.append(Scheduler(self, self._stop_threads))
         for thread in self._threads:
             thread.start()

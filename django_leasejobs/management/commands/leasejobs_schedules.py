@@ -19,7 +19,7 @@ from django.db import DatabaseError
 from ...backend import LeaseJobsBackend
 from ...compat import InvalidTask
 from ...leases import database_now
-from ...schedules import ScheduleView, UnknownSchedule, overview, run_now
+from ...schedules import UnknownSchedule, overview, run_now
 from ...schedules.scheduler import run_pass
 from ...schedules.transitions import EnqueuedRun
 from ...templatetags.leasejobs_admin import seconds
@@ -29,25 +29,6 @@ from ..backends import get_leasejobs_backend
 def iso(value: datetime | None) -> str | None:
     """ISO 8601 in UTC, or None."""
     return None if value is None else value.astimezone(UTC).isoformat()
-
-
-def view_as_dict(view: ScheduleView) -> dict[str, Any]:
-    """A schedule as the JSON of ``leasejobs_schedules --json`` (and ``leasejobs_status``)."""
-    return {
-        "name": view.name,
-        "task_path": view.task_path,
-        "expression": view.expression,
-        "description": view.description,
-        "timezone": view.timezone,
-        "state": view.state,
-        "next_tick": iso(view.next_tick),
-        "last_tick": iso(view.last_tick),
-        "last_run_at": iso(view.last_run_at),
-        "last_job_id": view.last_job_id,
-        "last_job_status": view.last_job_status,
-        "overdue": view.overdue,
-        "overdue_seconds": view.overdue_seconds,
-    }
 
 
 def _run_as_dict(run: EnqueuedRun) -> dict[str, Any]:
@@ -142,7 +123,7 @@ class Command(BaseCommand):
             payload = {
                 "backend": backend.alias,
                 "now": iso(now),
-                "schedules": [view_as_dict(view) for view in views],
+                "schedules": [view.as_dict() for view in views],
             }
             self.stdout.write(json.dumps(payload, indent=2, sort_keys=True))
             return

@@ -19,7 +19,6 @@ from ...stats import Health, collect, online_window
 from ...templatetags.leasejobs_admin import percent, seconds
 from ..argtypes import non_negative_int, non_negative_seconds
 from ..backends import get_leasejobs_backend
-from .leasejobs_schedules import view_as_dict
 
 
 class Command(BaseCommand):
@@ -82,7 +81,7 @@ class Command(BaseCommand):
         problems = self._problems(health, overdue, options)
         if options["json"]:
             payload = health.as_dict()
-            payload["overdue_schedules"] = [view_as_dict(view) for view in overdue]
+            payload["overdue_schedules"] = [view.as_dict() for view in overdue]
             payload["problems"] = problems
             self.stdout.write(json.dumps(payload, indent=2, sort_keys=True))
         else:
