@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 from datetime import datetime
@@ -30,7 +31,11 @@ def test_two_workers_run_an_every_two_seconds_schedule_once_per_tick(
     # Both schedulers race on every tick; the output of both says who enqueued which.
     ticks = tick_times()
     assert len(set(ticks)) == len(ticks)
-    assert all((b - a).total_seconds() == 2 for a, b in zip(ticks, ticks[1:], strict=False))
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(ticks)]
+    # Every 2 s; a tick is only ever missed (never doubled) when both schedulers were
+    # held up for over a period, which a loaded CI machine may do now and then.
+    assert all(gap >= 2 and gap % 2 == 0 for gap in gaps), gaps
+    assert gaps.count(2) >= len(gaps) / 2, gaps
     jobs = Job.objects.filter(pk__in=ScheduleRun.objects.values("job_id"))
     assert jobs.count() == len(ticks)
     wait_until(
