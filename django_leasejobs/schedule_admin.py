@@ -11,11 +11,11 @@ deleted (with Django's ``delete_schedule`` permission), from its own page.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.admin.utils import display_for_value
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
@@ -23,10 +23,10 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from .admin import FilterSafeAdmin, _status_badge, pretty_json
+from .admin import ActionReport, FilterSafeAdmin, _status_badge, pretty_json
 from .backend import LeaseJobsBackend
 from .compat import task_backends
 from .exceptions import UnknownTask
@@ -135,39 +135,6 @@ class ScheduleChangeList(ChangeList):
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         attach_states(self.result_list)
-
-
-@dataclass
-class ScheduleActionReport:
-    """Counts what a schedule action changed and skipped (and why), then reports it once."""
-
-    admin: ScheduleAdmin
-    request: HttpRequest
-    verb: str
-    changed: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
-    jobs: list[int] = field(default_factory=list)
-    """Jobs the action enqueued (run now)."""
-
-    def done(self, row: Schedule, log_message: str, job_id: int | None = None) -> None:
-        self.changed += 1
-        self.admin.log_change(self.request, row, log_message)
-        if job_id is not None:
-            self.jobs.append(job_id)
-
-    def skip(self, reason: str) -> None:
-        self.skipped[reason] = self.skipped.get(reason, 0) + 1
-
-    def send(self) -> None:
-        level = messages.SUCCESS if self.changed else messages.WARNING
-        text = f"{self.verb} {self.changed} schedule{'s' if self.changed != 1 else ''}."
-        if self.jobs:
-            noun = ngettext("job", "jobs", len(self.jobs))
-            text += f" Enqueued {noun} {', '.join(f'#{i}' for i in self.jobs)}."
-        if self.skipped:
-            reasons = "; ".join(f"{n} {why}" for why, n in sorted(self.skipped.items()))
-            text += f" Skipped {sum(self.skipped.values())}: {reasons}."
-        self.admin.message_user(self.request, text, level)
 
 
 @admin.register(Schedule)
@@ -380,10 +347,10 @@ class ScheduleAdmin(FilterSafeAdmin):
         request: HttpRequest,
         queryset: QuerySet[Schedule],
         verb: str,
-        apply: Callable[[Schedule, ScheduleActionReport], None],
+        apply: Callable[[Schedule, ActionReport], None],
     ) -> None:
         """Run ``apply`` on each selected schedule still in settings; skip the removed ones."""
-        report = ScheduleActionReport(self, request, verb)
+        report = ActionReport(self, request, verb, noun="schedule")
         rows = list(queryset)
         attach_states(rows)
         for row in rows:
@@ -398,7 +365,7 @@ class ScheduleAdmin(FilterSafeAdmin):
 
     @admin.action(description=_("Pause"), permissions=["pause"])
     def pause_schedules(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        def pause(row: Schedule, report: ScheduleActionReport) -> None:
+        def pause(row: Schedule, report: ActionReport) -> None:
             if operations.pause(row.name, row.backend):
                 report.done(row, "Paused")
             else:
@@ -408,7 +375,7 @@ class ScheduleAdmin(FilterSafeAdmin):
 
     @admin.action(description=_("Resume"), permissions=["pause"])
     def resume_schedules(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        def resume(row: Schedule, report: ScheduleActionReport) -> None:
+        def resume(row: Schedule, report: ActionReport) -> None:
             if operations.resume(row.name, row.backend):
                 report.done(row, "Resumed")
             else:
@@ -418,7 +385,7 @@ class ScheduleAdmin(FilterSafeAdmin):
 
     @admin.action(description=_("Run now (one job each)"), permissions=["run"])
     def run_schedules_now(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        def run(row: Schedule, report: ScheduleActionReport) -> None:
+        def run(row: Schedule, report: ActionReport) -> None:
             if state_of(row).view.state == "disabled":
                 report.skip("disabled in settings")
                 return
