@@ -201,8 +201,13 @@ class ScheduleAdmin(FilterSafeAdmin):
             return False
         return super().has_delete_permission(request, obj)
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # Django 6.1 passes where the actions show (and warns about overrides that do not
+        # take it); Django 5.2 knows no such parameter.
+        if action_location is None:
+            actions = super().get_actions(request)
+        else:
+            actions = super().get_actions(request, action_location=action_location)  # type: ignore[call-arg, unused-ignore]
         actions.pop("delete_selected", None)  # rows are deleted one by one, removed ones only
         return actions
 
