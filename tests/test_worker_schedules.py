@@ -9,8 +9,10 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from django_leasejobs.models import Job, JobStatus, ScheduleRun
+from tests.test_worker_faults import _terminate_other_backends
 from tests.worker_harness import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -74,3 +76,29 @@ def test_burst_and_no_scheduler_workers_do_not_schedule(workers: Any) -> None:
     assert quiet.wait() == 0
     assert "schedules=0" in quiet.output
     assert "schedules=0" in burst.output
+
+
+@pytest.mark.skipif(
+    connection.vendor not in ("postgresql", "mysql"),
+    reason="cuts the worker's server connections; an SQLite database cannot",
+)
+def test_the_scheduler_thread_survives_its_database_connection_being_cut(
+    workers: Any,
+) -> None:
+    worker = workers.start(
+        {"SCHEDULES": {"one": {"task": "tests.tasks.add", "every": 1, "args": [1, 1]}}},
+        args=["--concurrency", "1"],
+    )
+    wait_until(lambda: len(tick_times()) >= 2, timeout=30, what="ticks before the cut")
+    for _ in range(3):  # three cuts, some of them mid-pass
+        assert _terminate_other_backends() > 0
+        before = len(tick_times())
+        wait_until(
+            lambda before=before: len(tick_times()) >= before + 2,
+            timeout=30,
+            what="ticks after a cut",
+        )
+    ticks = tick_times()
+    assert len(set(ticks)) == len(ticks)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output
