@@ -70,6 +70,12 @@ def test_valid_schedules_pass_the_checks() -> None:
         ({"task": "tests.tasks.add", "cron": "* * * *"}, "leasejobs.E011", "five fields"),
         ({"task": "tests.tasks.add", "cron": "*/5 * * * * *"}, "leasejobs.E011", "five fields"),
         ({"task": "tests.tasks.add", "cron": "@reboot"}, "leasejobs.E011", "nickname"),
+        (
+            {"task": "tests.tasks.add", "cron": "0" + ",0" * 200 + " * * * *"},
+            "leasejobs.E011",
+            "255",
+        ),
+        ({"task": "tests." + "x" * 600 + ".add", "every": 5}, "leasejobs.E013", "dotted path"),
         ({"task": "tests.tasks.add", "cron": 5}, "leasejobs.E011", "string"),
         ({"task": "tests.tasks.add", "cron": "0 7 * * *", "every": 5}, "leasejobs.E010", "both"),
         ({"task": "tests.tasks.add"}, "leasejobs.E010", "neither"),
@@ -129,6 +135,7 @@ def test_a_queue_check_uses_the_tasks_own_queue_when_the_schedule_names_none() -
         ({"spaces in name": GOOD}, "not valid"),
         ({"x" * 201: GOOD}, "not valid"),
         ({"s": "every 5"}, "must be a dict"),
+        ({"good": GOOD, "Good": GOOD}, "differ only in case"),
     ],
 )
 def test_malformed_schedules_setting(schedules: Any, text: str) -> None:

@@ -56,6 +56,9 @@ KNOWN_KEYS = frozenset(
     }
 )
 MAX_NAME_LENGTH = 200
+MAX_TASK_PATH_LENGTH = 512
+MAX_EXPRESSION_LENGTH = 255
+"""The state table's column sizes (``models.Schedule``)."""
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 
 NICKNAMES = {
@@ -213,6 +216,8 @@ def _seconds_text(seconds: int) -> str:
 def cron_problem(expression: str) -> str:
     """Why ``expression`` is not a five-field cron line or nickname ('' when it is)."""
     text = expression.strip()
+    if len(text) > MAX_EXPRESSION_LENGTH:
+        return f"longer than {MAX_EXPRESSION_LENGTH} characters"
     if text.startswith("@"):
         if text.lower() in NICKNAMES:
             return ""
@@ -273,10 +278,11 @@ def _parse_one(
             f"Known keys: {', '.join(sorted(KNOWN_KEYS))}.",
         )
     task = raw.get("task")
-    if not isinstance(task, str) or "." not in task:
+    if not isinstance(task, str) or "." not in task or len(task) > MAX_TASK_PATH_LENGTH:
         problem(
             E_SCHEDULE_TASK,
-            f"task must be the dotted path of a task, such as 'mail.tasks.send', got {task!r}",
+            "task must be the dotted path of a task, such as 'mail.tasks.send' (at most "
+            f"{MAX_TASK_PATH_LENGTH} characters), got {task!r}",
         )
     values: dict[str, Any] = {"name": name, "task_path": task}
 
@@ -391,7 +397,21 @@ def parse_schedules(
         ]
     specs: list[ScheduleSpec] = []
     problems: list[ScheduleProblem] = []
+    seen: dict[str, str] = {}
     for name, entry in raw.items():
+        if isinstance(name, str) and name.casefold() in seen:
+            # MySQL/MariaDB compare the state table's names without case.
+            problems.append(
+                ScheduleProblem(
+                    E_SCHEDULE_INVALID,
+                    f"Schedule names {seen[name.casefold()]!r} and {name!r} differ only in "
+                    "case; names must be unique without regard to case.",
+                    schedule=name,
+                )
+            )
+            continue
+        if isinstance(name, str):
+            seen[name.casefold()] = name
         if not isinstance(name, str) or not NAME_RE.fullmatch(name) or len(name) > MAX_NAME_LENGTH:
             problems.append(
                 ScheduleProblem(
