@@ -7,6 +7,7 @@ expiry, timeout, kill, cancel) live here too, so the path always imports.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from .compat import InvalidTask
@@ -77,22 +78,90 @@ class OutcomeNotStored(JobFailure):
     attempt is recorded as this failure instead, saying why."""
 
 
-class TaskFailed(Exception):
-    """Raised (and caught) by a worker around ``task_finished`` for a FAILED job, so that
-    receivers which log the exception being handled (Django's own ``django.tasks``
-    logger, error trackers) get the attempt's error: its class path and message, with
-    the traceback recorded where it ran."""
+class RemoteTraceback(Exception):
+    """The traceback of a failed attempt's exception, as it was recorded where the attempt
+    ran: the ``__cause__`` of its :class:`TaskFailed`, so that whatever prints or reports
+    the ``TaskFailed`` (``traceback``, ``logging``, error trackers) shows it too, as
+    ``concurrent.futures`` does for the errors of a process pool."""
 
-    def __init__(self, error: Any, job_id: int, attempt: int, worker_id: str) -> None:
-        self.exception_class_path: str = error.exception_class_path
-        self.error_message: str = error.message
-        self.remote_traceback: str = error.traceback
+    def __init__(self, text: str) -> None:
+        self.text = text
+        super().__init__(text)
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text.rstrip()}\n"""'
+
+
+class TaskFailed(Exception):
+    """A failed attempt's error, rebuilt in the worker from what was recorded where it ran.
+
+    The task's exception object stays in the slot (a child process or a thread) that
+    ran it; the worker has its class path, message and traceback text. Made by
+    :func:`task_failure`, whose class is named after the original one (a
+    ``builtins.ValueError`` prints and reports as ``ValueError``) and derives from this
+    one. ``str()`` is the original message, and the original traceback is both
+    ``remote_traceback`` and the ``__cause__`` (a :class:`RemoteTraceback`).
+
+    The worker logs it as the ``exc_info`` of a failed attempt's log line, gives it to
+    ``job_failed`` receivers as ``exception``, and sends ``job_failed`` and
+    ``task_finished`` while it is being handled, so that receivers which log the
+    exception being handled (Django's own ``django.tasks`` logger, error trackers) get
+    the attempt's error instead of ``NoneType: None``.
+    """
+
+    def __init__(
+        self,
+        exception_class_path: str,
+        message: str,
+        remote_traceback: str,
+        job_id: int,
+        attempt: int,
+        worker_id: str,
+    ) -> None:
+        self.exception_class_path = exception_class_path
+        self.error_message = message
+        self.remote_traceback = remote_traceback
         self.job_id = job_id
         self.attempt = attempt
-        summary = self.exception_class_path
-        if self.error_message:
-            summary += f": {self.error_message}"
-        super().__init__(
-            f"job {job_id} attempt {attempt} failed on worker {worker_id}: {summary}"
-            + (f"\n\n{self.remote_traceback}" if self.remote_traceback else "")
+        self.worker_id = worker_id
+        super().__init__(message)
+        if remote_traceback:
+            self.__cause__ = RemoteTraceback(remote_traceback)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Its class is made at run time: pickle the call that makes it again.
+        return (
+            task_failure,
+            (
+                self.exception_class_path,
+                self.error_message,
+                self.remote_traceback,
+                self.job_id,
+                self.attempt,
+                self.worker_id,
+            ),
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _failure_class(exception_class_path: str) -> type[TaskFailed]:
+    """A subclass of TaskFailed named as ``exception_class_path`` (TaskFailed itself
+    when no class can bear that name)."""
+    module, _, name = exception_class_path.rpartition(".")
+    try:
+        return type(name, (TaskFailed,), {"__module__": module or "builtins", "__qualname__": name})
+    except (TypeError, ValueError):  # a NUL or a lone surrogate in the name, say
+        return TaskFailed
+
+
+def task_failure(
+    exception_class_path: str,
+    message: str,
+    remote_traceback: str,
+    job_id: int,
+    attempt: int,
+    worker_id: str,
+) -> TaskFailed:
+    """The :class:`TaskFailed` of an attempt's recorded error."""
+    kind = _failure_class(exception_class_path)
+    return kind(exception_class_path, message, remote_traceback, job_id, attempt, worker_id)

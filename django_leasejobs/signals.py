@@ -19,7 +19,11 @@ job_succeeded = Signal()
 """An attempt succeeded and was recorded. Extra: attempt, worker_id, task_path, duration."""
 
 job_failed = Signal()
-"""An attempt failed and was recorded. Extra: attempt, worker_id, task_path, status, error."""
+"""An attempt failed and was recorded. Extra: attempt, worker_id, task_path, status, error
+(the recorded ``ErrorInfo``) and exception (the attempt's error rebuilt as a
+``django_leasejobs.exceptions.TaskFailed``, named after the task's exception class, with
+the traceback recorded where it ran; also the exception being handled while receivers
+run)."""
 
 job_reaped = Signal()
 """The reaper recovered an attempt whose lease expired. Extra: attempt, worker_id, status."""

@@ -43,6 +43,12 @@ USAGE = "usage: manage.py runworker"
         (["--shutdown-timeout", "nan"], "argument --shutdown-timeout: expected seconds >= 0", True),
         (["--max-jobs", "0"], "argument --max-jobs: expected a whole number >= 1", True),
         (["--worker-id", " "], "argument --worker-id: expected a non-empty id", True),
+        (
+            ["--log-level", "VERBOSE"],
+            "argument --log-level: expected one of DEBUG, INFO, WARNING, ERROR",
+            True,
+        ),
+        (["--log-format", "xml"], "argument --log-format: invalid choice: 'xml'", True),
         (["--backend", "missing"], "No task backend 'missing' in settings.TASKS", False),
     ],
     ids=[
@@ -56,6 +62,8 @@ USAGE = "usage: manage.py runworker"
         "shutdown-timeout-nan",
         "max-jobs-0",
         "worker-id-blank",
+        "log-level-unknown",
+        "log-format-unknown",
         "backend-missing",
     ],
 )

@@ -69,9 +69,11 @@ def test_receivers_in_a_worker_get_timestamps_errors_and_workers(
     assert finished["worker_ids"] == fetched.worker_ids == [f"w-{pool}"] * 2
 
     # Django's own receiver logs a failed job at ERROR with the exception being handled:
-    # the attempt's error, not "NoneType: None".
+    # the attempt's error, rebuilt with the traceback recorded where it ran as its cause,
+    # not "NoneType: None".
     output = worker.output
-    assert f"Task id={failing.id} path=tests.tasks_contract.fails_twice state=FAILED" in output
+    django_line = f"Task id={failing.id} path=tests.tasks_contract.fails_twice state=FAILED\n"
+    assert django_line + "django_leasejobs.exceptions.RemoteTraceback: " in output
     assert "NoneType: None" not in output
-    assert "django_leasejobs.exceptions.TaskFailed: job" in output
-    assert "builtins.ValueError: boom" in output
+    assert "raise ValueError(message)" in output.split(django_line, 1)[1]
+    assert "direct cause of the following exception" in output

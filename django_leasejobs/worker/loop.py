@@ -39,9 +39,10 @@ from django.utils.crypto import get_random_string
 from .. import registry
 from ..backend import STATUS_TO_RESULT, LeaseJobsBackend, attempt_history
 from ..compat import Task, TaskResult, task_backends, task_finished, task_started
-from ..exceptions import TaskFailed
+from ..exceptions import TaskFailed, task_failure
 from ..functions import DatabaseNow
 from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress, storable_text
+from ..logs import log_failure
 from ..models import AttemptOutcome, JobAttempt, JobStatus, WorkerState
 from ..models import Worker as WorkerRow
 from ..retry import Backoff
@@ -302,6 +303,10 @@ class Worker:
                     "pool": self.pool.kind,
                     "concurrency": self.config.concurrency,
                     "pid": os.getpid(),
+                    "lease_duration": self.options.lease_duration,
+                    "heartbeat_interval": self.options.heartbeat_interval,
+                    "stale_lock_interval": self.options.stale_lock_interval,
+                    "lock_lost_behavior": self.options.lock_lost_behavior,
                     "schedules": self._scheduled,
                 },
             )
@@ -1002,7 +1007,18 @@ class Worker:
         delay: float | None,
     ) -> None:
         job = running.job
-        logger.warning(
+        failure = task_failure(
+            error.exception_class_path,
+            error.message,
+            error.traceback,
+            job.id,
+            job.attempt,
+            self.worker_id,
+        )
+        log_failure(
+            logger,
+            logging.ERROR if status == JobStatus.FAILED else logging.WARNING,
+            failure,
             "job %s attempt %s failed (%s: %s) -> %s",
             job.id,
             job.attempt,
@@ -1017,8 +1033,21 @@ class Worker:
                 retry_in=delay if status == JobStatus.PENDING else None,
             ),
         )
-        self._send(job_failed, job, task_path=job.task_path, status=status, error=error)
-        self._announce_finish(running, status, None, error)
+        # Sent while the failure is being handled, as Django's own runner sends
+        # task_finished: receivers that log or report the exception being handled
+        # (Django's django.tasks logger, error trackers) get the attempt's error.
+        try:
+            raise failure
+        except TaskFailed:
+            self._send(
+                job_failed,
+                job,
+                task_path=job.task_path,
+                status=status,
+                error=error,
+                exception=failure,
+            )
+            self._announce_finish(running, status, None, error)
 
     # ------------------------------------------------------------------ django.tasks signals
 
@@ -1054,15 +1083,7 @@ class Worker:
         if running.task is None or status == JobStatus.PENDING or not task_finished.receivers:
             return
         finished = self._finished_result(running, status, result, error)
-        if error is None:
-            task_finished.send_robust(type(self.backend), task_result=finished)
-            return
-        # Sent while an exception is being handled, as Django's own runner does: its log
-        # line (ERROR ... state=FAILED) and error trackers then carry the attempt's error.
-        try:
-            raise TaskFailed(error, running.job.id, running.job.attempt, self.worker_id)
-        except TaskFailed:
-            task_finished.send_robust(type(self.backend), task_result=finished)
+        task_finished.send_robust(type(self.backend), task_result=finished)
 
     def _finished_result(
         self, running: RunningJob, status: str, result: Any, error: ErrorInfo | None

@@ -10,6 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import autoreload
 
+from ...logs import install_default_handler
 from ...worker import Worker, WorkerConfig
 from ..argtypes import non_negative_int, non_negative_seconds, positive_int
 from ..backends import get_leasejobs_backend
@@ -20,6 +21,16 @@ def queue_list(value: str) -> tuple[str, ...]:
     if not queues:
         raise argparse.ArgumentTypeError("expected one or more queue names, comma separated")
     return queues
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def log_level(value: str) -> int:
+    name = value.strip().upper()
+    if name not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(LOG_LEVELS)}")
+    return logging.getLevelNamesMapping()[name]
 
 
 def worker_id(value: str) -> str:
@@ -86,6 +97,21 @@ class Command(BaseCommand):
             "worker but a --burst one runs them; any number may, each tick runs once).",
         )
         parser.add_argument(
+            "--log-level",
+            type=log_level,
+            default=logging.INFO,
+            help="Level of the log lines on stderr: DEBUG, INFO (default), WARNING or ERROR. "
+            "Only when the project's LOGGING gives the django_leasejobs logger (or an "
+            "ancestor, root included) no handler: otherwise LOGGING decides.",
+        )
+        parser.add_argument(
+            "--log-format",
+            choices=("text", "json"),
+            default="text",
+            help="text (default), or json: one object per line with the stable extra keys. "
+            "Same condition as --log-level.",
+        )
+        parser.add_argument(
             "--reload",
             action="store_true",
             help="Development: restart the worker when Python code changes (running jobs "
@@ -93,6 +119,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        install_default_handler(options["log_level"], options["log_format"])
         backend = get_leasejobs_backend(options["backend"])
         if options["queues"] and backend.queues:
             unknown = sorted(set(options["queues"]) - set(backend.queues))
