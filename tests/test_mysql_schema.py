@@ -286,6 +286,9 @@ def test_defaults_are_the_utc_clock() -> None:
         ("leasejobs_attempt", "finished_at"): "utc_timestamp(6)",
         ("leasejobs_worker", "started_at"): "utc_timestamp(6)",
         ("leasejobs_worker", "last_seen_at"): "utc_timestamp(6)",
+        ("leasejobs_schedule", "created_at"): "utc_timestamp(6)",
+        ("leasejobs_schedule", "updated_at"): "utc_timestamp(6)",
+        ("leasejobs_schedule_run", "enqueued_at"): "utc_timestamp(6)",
     }
 
 
