@@ -6,7 +6,7 @@ that reads a failure's record as Sentry's logging integration does (``record.exc
 the exception, then its ``__cause__`` chain; the record's extras) and formats it as any
 ``logging.Formatter`` would, and connects ``job_failed`` / ``task_finished`` receivers
 that look at the exception they are given and at the one being handled. Each writes one
-JSON line to the file.
+JSON line to the file. It also holds a task whose exception's message is huge.
 """
 
 from __future__ import annotations
@@ -19,10 +19,16 @@ from typing import Any
 
 from django.dispatch import receiver
 
+from django_leasejobs import task
 from django_leasejobs.compat import task_finished
 from django_leasejobs.signals import job_failed
 
 CAPTURE_FILE_ENV = "LEASEJOBS_TEST_FAILURE_CAPTURE"
+
+
+@task(max_attempts=2, retry_backoff={"base": 0, "jitter": 0})
+def raise_huge_message() -> None:
+    raise ValueError("x" * 1_000_000)
 
 
 def exception_chain(exc: BaseException | None) -> list[dict[str, str]]:

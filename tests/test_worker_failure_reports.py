@@ -22,7 +22,7 @@ from django_leasejobs.exceptions import RemoteTraceback, TaskFailed, task_failur
 from django_leasejobs.logs import JsonFormatter
 from django_leasejobs.signals import job_failed
 from django_leasejobs.worker import Worker, WorkerConfig
-from tests import tasks, tasks_contract, tasks_worker_poison
+from tests import failure_capture, tasks, tasks_contract, tasks_worker_poison
 from tests.conftest import ListHandler
 from tests.failure_capture import CAPTURE_FILE_ENV, exception_chain
 
@@ -98,6 +98,7 @@ def test_hostile_exceptions_still_reach_the_handler(
         tasks_worker_poison.raise_lone_surrogate: "ValueError",
         tasks_worker_poison.raise_long_class_path: None,  # cut to the column: any name
         tasks_worker_poison.raise_keyboard_interrupt: "KeyboardInterrupt",
+        failure_capture.raise_huge_message: "ValueError",
     }
     ids = {int(task.enqueue().id): name for task, name in hostile.items()}
     ok = int(tasks.add.enqueue(1, 2).id)
@@ -114,6 +115,7 @@ def test_hostile_exceptions_still_reach_the_handler(
         for record in records:
             if name is not None:
                 assert record["chain"][0]["type"] == name
+            assert len(record["chain"][0]["value"]) <= 2000  # the stored message
             assert record["remote_traceback"].startswith("Traceback (most recent call last):")
             assert "Traceback (most recent call last):" in record["formatted"]
         assert [e["status"] for e in _captured(capture, "job_failed", job_id)] == [
