@@ -64,7 +64,13 @@ def stop_all(fleet: list[WorkerProcess]) -> None:
 
 
 def drain_with_two_workers(workers: Workers, marker_dir: str, count: int, pool: str) -> None:
-    fleet = [workers.start(args=["--concurrency", "4", "--pool", pool]) for _ in range(2)]
+    # No prefetch: each claim takes at most the free slots (4), so neither worker can
+    # take the whole batch in a few claims while the other waits for its next poll (on
+    # a loaded machine that happened, and then the test showed no contention at all).
+    fleet = [
+        workers.start(args=["--concurrency", "4", "--pool", pool, "--prefetch", "0"])
+        for _ in range(2)
+    ]
     calls = [(tasks_worker_flow.record_id, (marker_dir, "fleet"), {})] * count
     results = task_backends["default"].bulk_enqueue(calls)
     ids = {int(r.id) for r in results}
