@@ -28,6 +28,7 @@ from ..functions import DatabaseNow
 from ..leases import storable_text
 from ..models import Worker as WorkerRow
 from ..reaper import reap_once
+from ..signals import heartbeat_sent
 from .rounds import is_connection_error
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ class Heartbeat(_WorkerThread):
 
     def beat(self) -> None:
         worker = self.worker
+        started = time.monotonic()
         # An outcome that could not be written for this long is not renewed any more: the
         # lease runs out and the reaper takes the job back (the worker gives it up).
         unrecorded_since = time.monotonic() - worker.options.local_lease_deadline
@@ -140,6 +142,19 @@ class Heartbeat(_WorkerThread):
                 extra={"worker": worker.worker_id, "count": len(wanted), "error": str(exc)},
             )
             self._reset_connection()
+            self._sent(started, exc)
+        else:
+            self._sent(started, None)
+
+    def _sent(self, started: float, error: DatabaseError | None) -> None:
+        worker = self.worker
+        heartbeat_sent.send_robust(
+            type(worker.backend),
+            backend=worker.backend.alias,
+            worker_id=worker.worker_id,
+            duration=time.monotonic() - started,
+            error=error,
+        )
 
     def _renew(self, wanted: dict[tuple[int, int], leases.Progress | None]) -> leases.RenewResult:
         """Renew with the jobs' progress; if the database refuses that for a reason other

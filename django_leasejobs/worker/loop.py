@@ -46,7 +46,7 @@ from ..logs import log_failure
 from ..models import AttemptOutcome, JobAttempt, JobStatus, WorkerState
 from ..models import Worker as WorkerRow
 from ..retry import Backoff
-from ..signals import job_failed, job_started, job_succeeded, lease_lost
+from ..signals import job_failed, job_started, job_succeeded, jobs_claimed, lease_lost
 from .execution import JobSpec, Outcome, error_as_task_error, running_result
 from .heartbeat import Heartbeat, Reaper, Watchdog
 from .listener import Listener
@@ -235,6 +235,7 @@ class Worker:
             backend=self.backend.alias,
             attempt=job.attempt,
             worker_id=self.worker_id,
+            queue=job.queue,
             **extra,
         )
 
@@ -715,6 +716,13 @@ class Worker:
     def _take_claimed(self, claimed: list[ClaimedJob], limit: int) -> None:
         now = time.monotonic()
         self._last_claimed = len(claimed)
+        jobs_claimed.send_robust(
+            LeaseJobsBackend,
+            backend=self.backend.alias,
+            worker_id=self.worker_id,
+            count=len(claimed),
+            limit=limit,
+        )
         if len(claimed) >= limit:
             self._claim_wanted = True  # a full batch: there may be more ready jobs now
         elif not claimed:
@@ -1046,6 +1054,7 @@ class Worker:
                 status=status,
                 error=error,
                 exception=failure,
+                duration=duration,
             )
             self._announce_finish(running, status, None, error)
 
@@ -1072,7 +1081,13 @@ class Worker:
                 job.task_path,
                 extra=self._log_extra(job),
             )
-        self._send(job_started, job, task_path=job.task_path)
+        self._send(
+            job_started,
+            job,
+            task_path=job.task_path,
+            enqueued_at=job.enqueued_at,
+            claimed_at=job.last_attempted_at,
+        )
         if running.task is not None and task_started.receivers:
             running.task_result = self._task_result(running, JobStatus.RUNNING, None)
             task_started.send_robust(type(self.backend), task_result=running.task_result)
