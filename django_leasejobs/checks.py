@@ -162,3 +162,34 @@ def check_backends(
                     )
                 )
     return messages
+
+
+E_METRICS_TOKEN = "leasejobs.E020"  # noqa: S105 - a check id
+"""E016-E019 are left to retry control's checks, written at the same time."""
+METRICS_TOKEN_SETTING = "LEASEJOBS_METRICS_TOKEN"  # noqa: S105 - the setting's name
+METRICS_TOKEN_MIN_LENGTH = 32
+
+
+@checks.register(checks.Tags.security)
+def check_metrics_token(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> Iterable[checks.CheckMessage]:
+    """``LEASEJOBS_METRICS_TOKEN`` (the metrics view's bearer token), when set."""
+    token = getattr(settings, METRICS_TOKEN_SETTING, None)
+    if token is None:
+        return []
+    if (
+        isinstance(token, str)
+        and len(token) >= METRICS_TOKEN_MIN_LENGTH
+        and not any(c.isspace() for c in token)
+    ):
+        return []
+    return [
+        checks.Error(
+            f"{METRICS_TOKEN_SETTING} must be a string of at least {METRICS_TOKEN_MIN_LENGTH} "
+            "characters without whitespace.",
+            hint="Generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'",
+            obj=METRICS_TOKEN_SETTING,
+            id=E_METRICS_TOKEN,
+        )
+    ]

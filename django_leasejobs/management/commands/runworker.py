@@ -7,6 +7,7 @@ import logging
 import os
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import autoreload
 
@@ -23,6 +24,8 @@ def queue_list(value: str) -> tuple[str, ...]:
     return queues
 
 
+logger = logging.getLogger("django_leasejobs")
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -37,6 +40,31 @@ def worker_id(value: str) -> str:
     if not value.strip() or len(value) > 255:
         raise argparse.ArgumentTypeError("expected a non-empty id of at most 255 characters")
     return value
+
+
+def metrics_address(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError("expected PORT or HOST:PORT, a port from 1 to 65535")
+    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - scraped from elsewhere
+
+
+def serve_metrics(address: tuple[str, int] | None) -> None:
+    """Count this worker's signals and serve them on ``address`` (the [prometheus] extra)."""
+    if address is None:
+        return
+    try:
+        from ...metrics import WorkerMetrics
+    except ImproperlyConfigured as exc:
+        raise CommandError(f"--metrics-port: {exc}") from exc
+    metrics = WorkerMetrics()
+    try:
+        metrics.serve(*address)
+    except OSError as exc:
+        where = f"{address[0]}:{address[1]}"
+        raise CommandError(f"--metrics-port: cannot listen on {where}: {exc}") from exc
+    metrics.connect()
+    logger.info("metrics served on http://%s:%d/metrics", *address)
 
 
 class Command(BaseCommand):
@@ -112,6 +140,14 @@ class Command(BaseCommand):
             "Same condition as --log-level.",
         )
         parser.add_argument(
+            "--metrics-port",
+            type=metrics_address,
+            default=None,
+            metavar="[HOST:]PORT",
+            help="Serve this worker's Prometheus counters on this port (all interfaces unless "
+            "HOST is given); needs the django-leasejobs[prometheus] extra. Off by default.",
+        )
+        parser.add_argument(
             "--reload",
             action="store_true",
             help="Development: restart the worker when Python code changes (running jobs "
@@ -145,12 +181,14 @@ class Command(BaseCommand):
             def run_reloaded() -> None:
                 # The autoreloader runs this in a thread and watches files in the main
                 # thread; when the worker ends (--burst, --max-jobs), end the process too.
+                serve_metrics(options["metrics_port"])
                 code = Worker(config).run()
                 logging.shutdown()
                 os._exit(code)
 
             autoreload.run_with_reloader(run_reloaded)
             return
+        serve_metrics(options["metrics_port"])
         code = Worker(config).run()
         if code:
             raise CommandError(f"worker exited with status {code}", returncode=code)
