@@ -30,6 +30,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TARGET_MS = 250.0
+METRICS_TARGET_MS = 100.0  # issue 13: a Prometheus scrape answers within 100 ms
 SLOW_SHARE = 0.1  # --explain also explains queries taking this share of the target
 MARKER = "leasejobs-bench"  # database comment prefix: this database belongs to the bench
 
@@ -444,6 +445,8 @@ def superuser() -> Any:
 class Scenario:
     name: str
     run: Callable[[], Any]
+    target_ms: float | None = None
+    """Its own p95 target, instead of ``--target-ms``."""
     times_ms: list[float] = field(default_factory=list)
     queries: list[tuple[float, str, Any]] = field(default_factory=list)
     """(median ms, SQL, params) of each query of one run, in order (from an instrumented pass)."""
@@ -479,6 +482,25 @@ def page(client: Any, url: str) -> Callable[[], Any]:
     return get
 
 
+def metrics_view() -> Callable[[], Any]:
+    """The Prometheus view (``django_leasejobs.metrics``), called as a superuser: the
+    view alone, without URL routing and middleware (the demo project does not mount it)."""
+    from django.test import RequestFactory
+
+    from django_leasejobs.metrics import leasejobs_metrics
+
+    request = RequestFactory().get("/metrics/")
+    request.user = superuser()
+
+    def get() -> Any:
+        response = leasejobs_metrics(request)
+        if response.status_code != 200:
+            raise RuntimeError(f"the metrics view answered {response.status_code}")
+        return response
+
+    return get
+
+
 def scenarios() -> list[Scenario]:
     from django.test import Client
     from django.urls import reverse
@@ -498,6 +520,7 @@ def scenarios() -> list[Scenario]:
         Scenario(
             "job list, status=succeeded", page(client, changelist + "?status__exact=succeeded")
         ),
+        Scenario("metrics view", metrics_view(), target_ms=METRICS_TARGET_MS),
     ]
 
 
@@ -634,14 +657,17 @@ def report(results: list[Scenario], target: float, show_queries: bool) -> list[S
     print("-" * len(header))
     missed = []
     for s in results:
-        ok = s.p95 < target
+        own = s.target_ms or target
+        ok = s.p95 < own
         if not ok:
             missed.append(s)
         values = (s.median, s.p95, s.max)
         print(
             f"{s.name:<28}"
             + "".join(f"{ms(v):>11}" for v in values)
-            + f"{len(s.queries):>8}{ms(s.sql_ms):>11}  {'ok' if ok else 'MISSED'}"
+            + f"{len(s.queries):>8}{ms(s.sql_ms):>11}  "
+            + (f"(its target {own:.0f} ms) " if s.target_ms else "")
+            + ("ok" if ok else "MISSED")
         )
     print()
     if show_queries:
@@ -712,9 +738,9 @@ def main(argv: list[str] | None = None) -> int:
         print()
         if missed:
             names = ", ".join(s.name for s in missed)
-            print(f"TARGET MISSED by: {names} (p95 >= {args.target_ms:.0f} ms)")
+            print(f"TARGET MISSED by: {names} (p95 >= its target)")
         else:
-            print(f"all scenarios within the target (p95 < {args.target_ms:.0f} ms)")
+            print("all scenarios within their targets (p95 below)")
         if args.drop_after:
             from django.db import connections
 

@@ -31,6 +31,7 @@ SCENARIOS = (
     "stats.collect()",
     "job list, first page",
     "job list, status=dead",
+    "metrics view",
 )
 
 
