@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
+import re
 import socket
 import sys
 import urllib.request
@@ -26,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from django_leasejobs.checks import E_METRICS_TOKEN, check_metrics_token
 from django_leasejobs.leases import database_now
 from django_leasejobs.management.commands.runworker import metrics_address
+from django_leasejobs.metrics import QueueCollector, WorkerMetrics
 from django_leasejobs.models import (
     FINISHED_STATUSES,
     AttemptOutcome,
@@ -35,7 +38,7 @@ from django_leasejobs.models import (
     Worker,
 )
 from tests import tasks_metrics
-from tests.worker_harness import Workers, wait_until
+from tests.worker_harness import REPO_ROOT, Workers, wait_until
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -292,3 +295,26 @@ def test_check_accepts_no_token_or_a_strong_one(settings: Any) -> None:
     assert list(check_metrics_token()) == []
     settings.LEASEJOBS_METRICS_TOKEN = TOKEN
     assert list(check_metrics_token()) == []
+
+
+# --------------------------------------------------------------------------- docs
+
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+
+
+@pytest.mark.django_db
+def test_the_grafana_dashboard_and_the_alert_rules_use_only_exported_metrics() -> None:
+    families = [*WorkerMetrics().registry.collect(), *QueueCollector().collect()]
+    exported = {f.name + suffix for f in families for suffix in SUFFIXES[f.type]}
+    dashboard = (REPO_ROOT / "docs" / "grafana-dashboard.json").read_text()
+    guide = (REPO_ROOT / "docs" / "monitoring.md").read_text()
+    rules = guide.split("## Alert rules", 1)[1].split("## Grafana", 1)[0]
+    expressions = [
+        target["expr"]
+        for panel in json.loads(dashboard)["panels"]
+        for target in panel.get("targets", [])
+    ]
+    for text in [*expressions, rules]:
+        used = set(re.findall(r"\bleasejobs_[a-z_]+", text))
+        assert used, text
+        assert used <= exported, used - exported
