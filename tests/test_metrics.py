@@ -35,6 +35,7 @@ from django_leasejobs.models import (
     Job,
     JobAttempt,
     JobStatus,
+    Schedule,
     Worker,
 )
 from tests import tasks_metrics
@@ -318,3 +319,29 @@ def test_the_grafana_dashboard_and_the_alert_rules_use_only_exported_metrics() -
         used = set(re.findall(r"\bleasejobs_[a-z_]+", text))
         assert used, text
         assert used <= exported, used - exported
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("metrics_urls")
+def test_view_counts_overdue_schedules(settings: Any) -> None:
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "django_leasejobs.backend.LeaseJobsBackend",
+            "OPTIONS": {
+                "SCHEDULES": {
+                    "late": {"task": f"{TASKS_MODULE}.succeed", "every": 60},
+                    "on-time": {"task": f"{TASKS_MODULE}.succeed", "every": 60},
+                    "new": {"task": f"{TASKS_MODULE}.succeed", "every": 60},
+                }
+            },
+        }
+    }
+    now = database_now()
+    for name, last_tick in (("late", now - timedelta(hours=1)), ("on-time", now)):
+        Schedule.objects.create(
+            backend="default", name=name, task_path=f"{TASKS_MODULE}.succeed", last_tick=last_tick
+        )
+    settings.LEASEJOBS_METRICS_TOKEN = TOKEN
+    response = Client().get("/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    samples = parse(response.content.decode())
+    assert samples[("leasejobs_schedules_overdue", (("backend", "default"),))] == 1
