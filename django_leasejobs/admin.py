@@ -299,7 +299,16 @@ class JobAttemptInline(admin.TabularInline):
     extra = 0
     can_delete = False
     ordering = ("attempt",)
-    fields = ("attempt", "outcome", "worker", "started_at", "finished_at", "error", "trace")
+    fields = (
+        "attempt",
+        "outcome",
+        "worker",
+        "started_at",
+        "finished_at",
+        "error",
+        "decision",
+        "trace",
+    )
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -407,6 +416,7 @@ class JobAdmin(FilterSafeAdmin):
             {
                 "fields": (
                     "attempts_display",
+                    "snoozes",
                     "stall_count",
                     "max_stalls",
                     "timeout",

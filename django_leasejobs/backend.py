@@ -152,12 +152,13 @@ def _rebuild(base: Task, job: EnqueuedOptions, backend: str, given: Mapping[str,
             changes["run_after"] = datetime.fromisoformat(given["run_after"])
     if isinstance(base, LeaseTask):
         backoff = job.retry_backoff
+        kept = base.retry_backoff if callable(base.retry_backoff) else None  # never stored
         changes.update(
             max_attempts=given.get("max_attempts"),
             max_stalls=given.get("max_stalls"),
             timeout=job.timeout,
             key=job.key,
-            retry_backoff=None if backoff is None else Backoff.from_value(backoff),
+            retry_backoff=kept if backoff is None else Backoff.from_value(backoff),
         )
     try:
         return base.using(**changes)
@@ -336,7 +337,8 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             max_stalls=getattr(task, "max_stalls", None) or self.config.max_stalls,
             timeout=getattr(task, "timeout", None),
             key=getattr(task, "key", None),
-            retry_backoff=asdict(backoff) if backoff is not None else None,
+            # A callable backoff cannot be stored: the worker takes it from its registered task.
+            retry_backoff=asdict(backoff) if isinstance(backoff, Backoff) else None,
             run_after=_storable_run_after(task.run_after),
             task_options=_task_options(task),
         )

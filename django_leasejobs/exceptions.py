@@ -13,6 +13,22 @@ from typing import Any
 from .compat import InvalidTask
 
 
+class Retry(Exception):
+    """Raised by a task to run again ``after`` seconds from now without using an attempt.
+
+    The job goes back to ``pending`` (a *snooze*) and its ``max_attempts`` grows by one,
+    so the attempt it used is given back. Bounded: once a job has snoozed its task's
+    ``max_snoozes`` times, a further ``Retry`` counts as an ordinary failed attempt
+    retried after ``after`` seconds (when attempts are left). ``after`` must be a number
+    of seconds from 0 to ``retry.MAX_DELAY``; another value makes the attempt an ordinary
+    failure, saying why.
+    """
+
+    def __init__(self, after: float = 0.0) -> None:
+        self.after = after
+        super().__init__(f"run again in {after!r}s")
+
+
 class LeaseLost(Exception):
     """A fenced write matched no row: this worker no longer owns the attempt."""
 

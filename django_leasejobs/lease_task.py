@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from .compat import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, InvalidTask, Task
-from .retry import Backoff, backoff_problems
+from .retry import DEFAULT_MAX_SNOOZES, Backoff, BackoffCallable, backoff_problems
 from .serialization import string_problem
 
 _UNSET: Any = object()
@@ -31,14 +31,27 @@ class LeaseTask(Task):  # type: ignore[misc]
     timeout: float | None = None
     """Seconds one attempt may run before the worker kills it; None = no limit."""
 
-    retry_backoff: Backoff | None = None
-    """Delay policy between attempts; None = the backend's RETRY_BACKOFF."""
+    retry_backoff: Backoff | BackoffCallable | None = None
+    """Delay policy between attempts; None = the backend's RETRY_BACKOFF. A callable gets
+    the failed attempt's number and exception and returns seconds (called where the
+    attempt ran, for exceptions the task raised; timeouts and kills use RETRY_BACKOFF)."""
+
+    retry_on: tuple[type[BaseException], ...] | None = None
+    """Only these exceptions (and their subclasses) are retried; None = all."""
+
+    dont_retry_on: tuple[type[BaseException], ...] = ()
+    """These exceptions (and their subclasses) fail the job at once; wins over retry_on."""
+
+    max_snoozes: int | None = None
+    """``Retry`` raises that do not use an attempt; None = ``retry.DEFAULT_MAX_SNOOZES``."""
 
     key: str | None = None
     """Dedup key: enqueueing while a pending or running job has it returns that job."""
 
     def __post_init__(self) -> None:
-        if self.retry_backoff is not None and not isinstance(self.retry_backoff, Backoff):
+        if self.retry_backoff is not None and not (
+            isinstance(self.retry_backoff, Backoff) or callable(self.retry_backoff)
+        ):
             problems = backoff_problems(self.retry_backoff)
             if problems:
                 raise InvalidTask("retry_backoff " + "; ".join(problems))
@@ -49,6 +62,14 @@ class LeaseTask(Task):  # type: ignore[misc]
                 isinstance(value, bool) or not isinstance(value, int) or value < 1
             ):
                 raise InvalidTask(f"{name} must be a whole number >= 1, got {value!r}")
+        for name in ("retry_on", "dont_retry_on"):
+            object.__setattr__(self, name, _exception_classes(name, getattr(self, name)))
+        if self.max_snoozes is not None and (
+            isinstance(self.max_snoozes, bool)
+            or not isinstance(self.max_snoozes, int)
+            or self.max_snoozes < 0
+        ):
+            raise InvalidTask(f"max_snoozes must be a whole number >= 0, got {self.max_snoozes!r}")
         if self.timeout is not None and (
             isinstance(self.timeout, bool)
             or not isinstance(self.timeout, int | float)
@@ -68,6 +89,11 @@ class LeaseTask(Task):  # type: ignore[misc]
             raise InvalidTask(f"backend must be a TASKS alias (a string), got {self.backend!r}")
         # Explicit base call: zero-argument super() breaks in slotted dataclasses.
         Task.__post_init__(self)
+
+    @property
+    def snooze_limit(self) -> int:
+        """Snoozes a job of this task may take without using an attempt."""
+        return DEFAULT_MAX_SNOOZES if self.max_snoozes is None else self.max_snoozes
 
     def using(  # type: ignore[override]
         self,
@@ -100,6 +126,21 @@ class LeaseTask(Task):  # type: ignore[misc]
         return replace(base, **changes) if changes else base  # type: ignore[arg-type]
 
 
+def _exception_classes(name: str, value: Any) -> Any:
+    """``retry_on`` / ``dont_retry_on`` as a tuple of exception classes (None stays None)."""
+    if value is None and name == "retry_on":
+        return None
+    if isinstance(value, type):
+        value = (value,)
+    if not isinstance(value, tuple | list) or not all(
+        isinstance(kind, type) and issubclass(kind, BaseException) for kind in value
+    ):
+        raise InvalidTask(f"{name} must be a tuple of exception classes, got {value!r}")
+    if name == "retry_on" and not value:
+        raise InvalidTask("retry_on=() would retry nothing: use max_attempts=1 instead")
+    return tuple(value)
+
+
 def task(
     function: Callable[..., Any] | None = None,
     *,
@@ -110,7 +151,10 @@ def task(
     max_attempts: int | None = None,
     max_stalls: int | None = None,
     timeout: float | None = None,
-    retry_backoff: Backoff | Mapping[str, float] | None = None,
+    retry_backoff: Backoff | Mapping[str, float] | BackoffCallable | None = None,
+    retry_on: tuple[type[BaseException], ...] | None = None,
+    dont_retry_on: tuple[type[BaseException], ...] = (),
+    max_snoozes: int | None = None,
 ) -> Any:
     """Declare a task with this backend's options, on Django 5.2 and 6.x alike.
 
@@ -129,6 +173,9 @@ def task(
             max_stalls=max_stalls,
             timeout=timeout,
             retry_backoff=retry_backoff,  # type: ignore[arg-type]
+            retry_on=retry_on,
+            dont_retry_on=dont_retry_on,
+            max_snoozes=max_snoozes,
         )
 
     if function is not None:

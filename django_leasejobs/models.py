@@ -32,6 +32,7 @@ class AttemptOutcome(models.TextChoices):
     KILLED = "killed", _("Killed")
     CANCELLED = "cancelled", _("Cancelled")
     RELEASED = "released", _("Released at shutdown")
+    SNOOZED = "snoozed", _("Snoozed")
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -73,6 +74,11 @@ class Job(models.Model):
         default=0, help_text="Attempts whose lease expired and were reaped."
     )
     max_stalls = models.PositiveIntegerField(default=3)
+    snoozes = models.PositiveIntegerField(
+        default=0,
+        help_text="Times the task raised Retry without using an attempt (each also raised "
+        "max_attempts by one).",
+    )
 
     locked_by = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     locked_until = models.DateTimeField(null=True, blank=True)
@@ -195,6 +201,12 @@ class JobAttempt(models.Model):
     error_class = models.CharField(max_length=512, blank=True, default="")
     error_message = models.TextField(blank=True, default="")
     traceback = models.TextField(blank=True, default="")
+    decision = models.CharField(
+        max_length=500,
+        blank=True,
+        default="",
+        help_text="Why the job was retried, snoozed or not (empty: not a retry decision).",
+    )
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(db_default=DatabaseNow())
 

@@ -23,6 +23,18 @@ def configured(x: Any = None) -> Any:
     return x
 
 
+def wait_attempts(attempt: int, exc: BaseException) -> float:
+    """A callable backoff: as many seconds as attempts."""
+    return float(attempt)
+
+
+@task(
+    retry_on=OSError, dont_retry_on=[FileNotFoundError], max_snoozes=0, retry_backoff=wait_attempts
+)
+def retry_controlled() -> None:
+    raise OSError("retried after wait_attempts")
+
+
 @task
 async def async_echo(value: Any) -> Any:
     return value

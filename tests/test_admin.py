@@ -334,6 +334,26 @@ def test_change_view_shows_result_attempts_lease_and_errors(
     assert WORKER2.encode() in cancel
 
 
+def test_attempt_history_says_why_each_attempt_was_retried_snoozed_or_not(
+    admin_client: Client,
+) -> None:
+    job = Job.objects.create(task_path="tests.tasks.add", status=JobStatus.FAILED, snoozes=1)
+    for attempt, outcome, decision in (
+        (1, "snoozed", "snoozed for 60s (1 of 10)"),
+        (2, "error", "Transient is in retry_on: retried in 4s (attempt 2 of 4)"),
+        (3, "error", "not retried: <Odd> is in dont_retry_on"),
+    ):
+        JobAttempt.objects.create(job=job, attempt=attempt, outcome=outcome, decision=decision)
+
+    content = admin_client.get(change_url(job.pk)).content.decode()
+
+    assert "Snoozed" in content  # the outcome's label
+    assert "snoozed for 60s (1 of 10)" in content
+    assert "Transient is in retry_on: retried in 4s (attempt 2 of 4)" in content
+    assert "not retried: &lt;Odd&gt; is in dont_retry_on" in content  # escaped
+    assert re.search(r'<th class="column-decision[^"]*">\s*Decision', content), "no column"
+
+
 def test_view_only_staff_sees_the_attempt_history(states: dict[str, int]) -> None:
     client = client_for(staff_user("view_job"))
     content = client.get(change_url(states["failed"])).content

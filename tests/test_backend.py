@@ -42,7 +42,14 @@ from django_leasejobs.models import Job, JobStatus
 from django_leasejobs.retry import Backoff
 from django_leasejobs.signals import job_enqueued
 from tests import tasks
-from tests.tasks import add, async_echo, configured, plain_django_task, with_context
+from tests.tasks import (
+    add,
+    async_echo,
+    configured,
+    plain_django_task,
+    retry_controlled,
+    with_context,
+)
 
 if USING_BACKPORT:
     from django_tasks.exceptions import TaskResultMismatch
@@ -911,6 +918,39 @@ def test_invalid_declaration_is_rejected_and_not_registered() -> None:
     with pytest.raises(InvalidTask, match="retry_backoff"):
         leasejobs_task(retry_backoff={"bogus": 1})(tasks.not_a_task)
     assert "tests.tasks.not_a_task" not in registry.registered()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"retry_on": ()},
+        {"retry_on": ("ValueError",)},
+        {"retry_on": (int,)},
+        {"dont_retry_on": None},
+        {"dont_retry_on": ValueError()},
+        {"max_snoozes": -1},
+        {"max_snoozes": 1.5},
+        {"max_snoozes": True},
+        {"retry_backoff": 5},
+    ],
+    ids=repr,
+)
+def test_invalid_retry_control_is_rejected_and_not_registered(options: dict[str, Any]) -> None:
+    with pytest.raises(InvalidTask, match=next(iter(options))):
+        leasejobs_task(**options)(tasks.not_a_task)
+    assert "tests.tasks.not_a_task" not in registry.registered()
+
+
+@pytest.mark.django_db
+def test_retry_control_options_stay_in_code() -> None:
+    declared = retry_controlled
+    assert (declared.retry_on, declared.dont_retry_on) == ((OSError,), (FileNotFoundError,))
+    assert (declared.max_snoozes, declared.snooze_limit, add.snooze_limit) == (0, 0, 10)
+    assert declared.using(priority=3).retry_on == (OSError,)  # kept by using()
+    # A callable backoff is never stored on the row; get_result's task still has it.
+    result = declared.enqueue()
+    assert Job.objects.get(pk=int(result.id)).retry_backoff is None
+    assert backend().get_result(result.id).task.retry_backoff is tasks.wait_attempts
 
 
 def test_nan_timeout_is_rejected() -> None:

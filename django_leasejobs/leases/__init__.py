@@ -46,6 +46,8 @@ from .rules import (
     MAX_ERROR_LENGTH,
     MAX_PROGRESS_MESSAGE_LENGTH,
     MAX_TRACEBACK_LENGTH,
+    AttemptDecision,
+    decide,
     storable_text,
 )
 from .values import (
@@ -67,6 +69,7 @@ __all__ = [
     "MAX_ERROR_LENGTH",
     "MAX_PROGRESS_MESSAGE_LENGTH",
     "MAX_TRACEBACK_LENGTH",
+    "AttemptDecision",
     "CancelResult",
     "ClaimedJob",
     "Completion",
@@ -89,6 +92,7 @@ __all__ = [
     "complete_many",
     "copy_jobs",
     "database_now",
+    "decide",
     "fail",
     "fail_many",
     "find_stale",

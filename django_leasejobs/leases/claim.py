@@ -34,6 +34,7 @@ CLAIM_COLUMNS = (
     "enqueued_at",
     "started_at",
     "last_attempted_at",
+    "snoozes",
 )
 _PRIORITY = CLAIM_COLUMNS.index("priority")
 CLAIM_ORDER = "priority DESC, run_after, id"
@@ -179,6 +180,7 @@ def claimed_job(row: Sequence[Any]) -> ClaimedJob:
         enqueued_at=as_datetime(values["enqueued_at"]),
         started_at=as_datetime(values["started_at"]),
         last_attempted_at=as_datetime(values["last_attempted_at"]),
+        snoozes=int(values["snoozes"]),
     )
 
 

@@ -31,6 +31,7 @@ _INSERT_COLUMNS = (
     "status",
     "attempt",
     "stall_count",
+    "snoozes",
     "last_worker",
     "cancel_requested",
     "progress_message",
@@ -59,6 +60,7 @@ def _job_values(job: NewJob) -> list[Any]:
         None if job.retry_backoff is None else json.dumps(job.retry_backoff),
         None if job.task_options is None else json.dumps(job.task_options),
         JobStatus.PENDING.value,
+        0,
         0,
         0,
         "",
@@ -102,7 +104,7 @@ def _insert_notify_sql(using: str) -> str:
     """The statement of :func:`insert_job`, built once per database alias (hot path)."""
     d = dialect(using)
     columns = ", ".join(d.q(c) for c in _INSERT_COLUMNS)
-    constants = "'pending', 0, 0, '', FALSE, '', ''"  # status ... last_error, as in _job_values
+    constants = "'pending', 0, 0, 0, '', FALSE, '', ''"  # status ... last_error, as in _job_values
     now = d.now
     return (
         f"WITH inserted AS (INSERT INTO {d.jobs} ({columns}) "  # noqa: S608 - identifiers quoted, values bound

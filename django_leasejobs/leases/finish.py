@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from django.db import connections, transaction
@@ -22,6 +23,7 @@ from .rules import (
     ending_status,
     released_error_message,
     retrying,
+    snoozing,
 )
 from .values import Completion, ErrorInfo, Failure, WriteResult
 
@@ -82,9 +84,10 @@ def fail_many(
     job's new status.
 
     Each job is retried (``pending``, ``run_after`` its failure's ``retry_delay`` from
-    now) when a delay was given and its attempts are not used up, else it is
-    ``failed``; a job whose cancel was requested while the attempt ran ends
-    ``cancelled`` (``rules.ending_status``). One fenced UPDATE for the job rows and one
+    now) when a delay was given and its attempts are not used up (or the failure is a
+    snooze, which gives its attempt back: ``rules.snoozing``), else it is ``failed``; a
+    job whose cancel was requested while the attempt ran ends ``cancelled``
+    (``rules.ending_status``). One fenced UPDATE for the job rows and one
     INSERT for their attempt rows, in one transaction. A lease missing from the result
     was lost or skipped (see :class:`WriteResult`).
     """
@@ -158,6 +161,7 @@ def _end_attempts(
     asked = {
         failure.lease: {
             "delay": None if failure.retry_delay is None else d.offset(failure.retry_delay),
+            "snooze": int(failure.snooze),
             "otherwise": str(otherwise),
             "last_error": failure.error.last_error,
         }
@@ -165,17 +169,25 @@ def _end_attempts(
     }
 
     def set_list(value: Value) -> str:
-        # Every fragment reads cancel_requested, assigned last (MySQL assigns in order).
+        # Every fragment reads cancel_requested, assigned last, and the first three read
+        # max_attempts, assigned after them (MySQL assigns in order).
         return (
             f"status = {ending_status(value)}, "
             f"run_after = CASE WHEN {retrying(value)} "
             f"THEN {d.now_plus_value(value('delay'))} ELSE j.run_after END, "
             f"finished_at = CASE WHEN {ending_is_final(value)} THEN {d.now} ELSE NULL END, "
             f"locked_by = NULL, locked_until = NULL, last_error = {value('last_error')}, "
+            f"max_attempts = j.max_attempts + {snoozing(value)}, "
+            f"snoozes = j.snoozes + {snoozing(value)}, "
             "cancel_requested = FALSE"
         )
 
-    kinds = {"delay": d.offset_type(), "otherwise": "text", "last_error": "text"}
+    kinds = {
+        "delay": d.offset_type(),
+        "snooze": "int",
+        "otherwise": "text",
+        "last_error": "text",
+    }
 
     def end() -> tuple[Rows, frozenset[tuple[int, int]]]:
         with transaction.atomic(using=using):
@@ -185,8 +197,8 @@ def _end_attempts(
             insert_attempts(
                 d,
                 [
-                    (by_lease[(int(job), int(attempt))], worker_id, started)
-                    for job, attempt, _, started, _ in rows
+                    (_as_ended(by_lease[(int(job), int(attempt))], str(status)), worker_id, started)
+                    for job, attempt, status, started, _ in rows
                 ],
             )
         return rows, skipped
@@ -199,6 +211,14 @@ def _end_attempts(
     )
 
 
+def _as_ended(failure: Failure, status: str) -> Failure:
+    """The failure as its attempt row tells it: a cancel requested while it ran overrode
+    any retry or snooze its worker decided."""
+    if status == JobStatus.CANCELLED and failure.decision:
+        return replace(failure, decision="not retried: cancelled while it ran")
+    return failure
+
+
 ATTEMPT_COLUMNS = (
     "job_id",
     "attempt",
@@ -207,6 +227,7 @@ ATTEMPT_COLUMNS = (
     "error_class",
     "error_message",
     "traceback",
+    "decision",
     "started_at",
 )
 
@@ -225,6 +246,7 @@ def insert_attempts(d: Dialect, attempts: Sequence[tuple[Failure, str, Any]]) ->
             failure.error.exception_class_path,
             failure.error.message,
             failure.error.traceback,
+            failure.decision,
             started,
         ]
     columns = ", ".join(d.q(c) for c in ATTEMPT_COLUMNS)

@@ -9,6 +9,10 @@ changes on every database at once:
   before its worker saw the request stays ``succeeded``, its result kept;
 * an attempt that did not succeed is retried when the caller gave a delay and the job
   has attempts left, else it takes the caller's ending: :func:`ending_status`;
+* a snooze (the task raised ``Retry`` within its ``max_snoozes``) is retried whatever
+  attempts are left and gives its attempt back (``max_attempts`` + 1, ``snoozes`` + 1):
+  :func:`snoozing`; whether a ``Retry`` is a snooze, and what the attempt row says about
+  the retry, is decided by :func:`decide`;
 * a reaped job becomes ``dead`` when its stalls reach ``max_stalls``, else ``failed``
   when its attempts are used up, else ``pending``: :func:`reaped_status`;
 * what ``last_error`` says, and how long stored text may be (from the model fields).
@@ -24,10 +28,12 @@ to right, so every statement assigns the columns these fragments read
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from django.db.models import CharField
 
 from ..models import Job, JobAttempt, JobStatus
+from ..retry import Decision, Verdict
 
 Value = Callable[[str], str]
 """Returns the SQL for one per-row value, by name."""
@@ -47,6 +53,7 @@ def _max_length(model: type[Job] | type[JobAttempt], name: str) -> int:
 
 MAX_ERROR_CLASS_LENGTH = _max_length(JobAttempt, "error_class")
 MAX_PROGRESS_MESSAGE_LENGTH = _max_length(Job, "progress_message")
+MAX_DECISION_LENGTH = _max_length(JobAttempt, "decision")
 
 ACTIVE = (JobStatus.PENDING.value, JobStatus.RUNNING.value)
 """The statuses that hold a dedup key."""
@@ -109,6 +116,52 @@ def released_error_message(worker_id: str) -> str:
     return f"worker {worker_id} shut down and released the job"
 
 
+@dataclass(frozen=True, slots=True)
+class AttemptDecision:
+    """How a failed attempt's job goes on (the fields of its ``Failure``)."""
+
+    retry_delay: float | None
+    """Seconds until it runs again; None: failed for good."""
+    snooze: bool
+    decision: str
+    """What the attempt row says about it."""
+
+
+def decide(
+    verdict: Verdict,
+    *,
+    attempt: int,
+    max_attempts: int,
+    snoozes: int,
+    max_snoozes: int,
+    backoff_delay: Callable[[], float],
+) -> AttemptDecision:
+    """The ending of a failed attempt from what its slot decided (``retry.verdict``).
+
+    A ``Retry`` is a snooze while the job has taken fewer than ``max_snoozes``; past
+    that it is a failed attempt retried after its own ``after`` (when attempts are
+    left). ``backoff_delay`` gives the policy's delay when the verdict brings none.
+    """
+    reason = f"{verdict.reason}: " if verdict.reason else ""
+    if verdict.decision == Decision.FAIL:
+        return AttemptDecision(None, False, _decision_text(verdict.reason))
+    if verdict.decision == Decision.SNOOZE and verdict.seconds is not None:
+        if snoozes < max_snoozes:
+            text = f"snoozed for {verdict.seconds:g}s ({snoozes + 1} of {max_snoozes})"
+            return AttemptDecision(verdict.seconds, True, _decision_text(text))
+        reason = f"Retry past the {max_snoozes} snoozes allowed, counted as a failed attempt: "
+    delay = backoff_delay() if verdict.seconds is None else verdict.seconds
+    if attempt < max_attempts:
+        text = f"{reason}retried in {delay:.3g}s (attempt {attempt} of {max_attempts})"
+        return AttemptDecision(delay, False, _decision_text(text))
+    text = f"{reason}not retried: attempt {attempt} of {max_attempts} was the last"
+    return AttemptDecision(delay, False, _decision_text(text))
+
+
+def _decision_text(text: str) -> str:
+    return storable_text(text, MAX_DECISION_LENGTH)
+
+
 # --------------------------------------------------------------------------- SQL decisions
 
 
@@ -120,10 +173,18 @@ def cancel_wins(otherwise: str) -> str:
 
 def retrying(value: Value) -> str:
     """True when an attempt that did not succeed is retried: no cancel requested, the
-    caller gave a delay (``value('delay')``), and the job has attempts left."""
+    caller gave a delay (``value('delay')``), and the job has attempts left or the
+    attempt is a snooze (``value('snooze')``, 1 or 0)."""
     return (
-        f"(NOT j.cancel_requested AND {value('delay')} IS NOT NULL AND j.attempt < j.max_attempts)"
+        f"(NOT j.cancel_requested AND {value('delay')} IS NOT NULL "
+        f"AND j.attempt < j.max_attempts + {value('snooze')})"
     )
+
+
+def snoozing(value: Value) -> str:
+    """1 when the attempt is a snooze that is retried (no cancel requested), else 0: what
+    the UPDATE adds to ``max_attempts`` (the attempt is given back) and ``snoozes``."""
+    return f"CASE WHEN j.cancel_requested THEN 0 ELSE {value('snooze')} END"
 
 
 def ending_status(value: Value) -> str:

@@ -44,6 +44,8 @@ class ClaimedJob:
     """When the job's first attempt started."""
     last_attempted_at: datetime | None = None
     """When this attempt started (the claim)."""
+    snoozes: int = 0
+    """``Job.snoozes``: the snoozes the job took before this attempt."""
 
     @property
     def lease(self) -> tuple[int, int]:
@@ -72,6 +74,7 @@ class ClaimedJob:
                 self.enqueued_at,
                 self.started_at,
                 self.last_attempted_at,
+                self.snoozes,
             ),
         )
 
@@ -198,7 +201,9 @@ class Failure:
     """One attempt that did not succeed, for :func:`fail_many`.
 
     ``retry_delay=None`` fails the job for good; otherwise it is retried after that
-    many seconds unless its attempts are used up.
+    many seconds unless its attempts are used up. A ``snooze`` (the task raised
+    ``Retry``, within its ``max_snoozes``) is retried after ``retry_delay`` whatever
+    attempts are left, and gives its attempt back (``rules.snoozing``).
     """
 
     job_id: int
@@ -206,6 +211,9 @@ class Failure:
     error: ErrorInfo
     retry_delay: float | None
     outcome: str = AttemptOutcome.ERROR
+    snooze: bool = False
+    decision: str = ""
+    """Why the job was retried, snoozed or not, for the attempt row (``rules.decide``)."""
 
     @property
     def lease(self) -> tuple[int, int]:

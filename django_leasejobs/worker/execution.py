@@ -27,7 +27,10 @@ from ..leases import (
 )
 from ..models import JobStatus
 from ..registry import resolve
+from ..retry import RETRIED, Decision, Verdict, verdict
 from ..serialization import json_value
+
+NOT_RETRIED = Verdict(Decision.FAIL, "not retried: it would fail the same way again")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +52,13 @@ class Outcome:
     ok: bool
     result: Any = None
     error: ErrorInfo | None = None
-    retryable: bool = True
+    verdict: Verdict = RETRIED
+    """What the slot decided about a failure's exception (``retry.verdict``)."""
     duration: float = 0.0
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # One per job through a slot's pipe: a tuple pickles faster than the default.
-        fields = (self.lease, self.ok, self.result, self.error, self.retryable, self.duration)
+        fields = (self.lease, self.ok, self.result, self.error, self.verdict, self.duration)
         return (Outcome, fields)
 
 
@@ -182,11 +186,11 @@ def execute(
     started = time.monotonic()
     if job.problem is not None:
         malformed = InvalidTaskArguments(f"job {job.id}: {job.problem}; nothing was called")
-        return Outcome(job.lease, ok=False, error=error_info(malformed), retryable=False)
+        return Outcome(job.lease, ok=False, error=error_info(malformed), verdict=NOT_RETRIED)
     try:
         task = resolve(job.task_path)
     except UnknownTask as exc:
-        return Outcome(job.lease, ok=False, error=error_info(exc), retryable=False)
+        return Outcome(job.lease, ok=False, error=error_info(exc), verdict=NOT_RETRIED)
     try:
         if task.takes_context:
             context = JobContext(
@@ -209,11 +213,15 @@ def execute(
             job.lease,
             ok=False,
             error=error_info(exc),
-            retryable=False,
+            verdict=NOT_RETRIED,
             duration=time.monotonic() - started,
         )
     except BaseException as exc:  # KeyboardInterrupt and SystemExit too: the task's own
         return Outcome(
-            job.lease, ok=False, error=error_info(exc), duration=time.monotonic() - started
+            job.lease,
+            ok=False,
+            error=error_info(exc),
+            verdict=verdict(task, exc, job.attempt),
+            duration=time.monotonic() - started,
         )
     return Outcome(job.lease, ok=True, result=result, duration=time.monotonic() - started)

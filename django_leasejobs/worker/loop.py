@@ -41,11 +41,11 @@ from ..backend import STATUS_TO_RESULT, LeaseJobsBackend, attempt_history
 from ..compat import Task, TaskResult, task_backends, task_finished, task_started
 from ..exceptions import TaskFailed, task_failure
 from ..functions import DatabaseNow
-from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress, storable_text
+from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress, decide, storable_text
 from ..logs import log_failure
 from ..models import AttemptOutcome, JobAttempt, JobStatus, WorkerState
 from ..models import Worker as WorkerRow
-from ..retry import Backoff
+from ..retry import DEFAULT_MAX_SNOOZES, RETRIED, Backoff, Verdict
 from ..signals import job_failed, job_started, job_succeeded, jobs_claimed, lease_lost
 from .execution import JobSpec, Outcome, error_as_task_error, running_result
 from .heartbeat import Heartbeat, Reaper, Watchdog
@@ -921,8 +921,8 @@ class Worker:
         job = running.job
         if isinstance(what, Outcome):
             error = what.error or ErrorInfo("django_leasejobs.exceptions.JobFailure")
-            delay = self._retry_delay(running) if what.retryable else None
-            return Failure(job.id, job.attempt, error, delay, AttemptOutcome.ERROR), what.duration
+            failure = self._decided(running, error, AttemptOutcome.ERROR, what.verdict)
+            return failure, what.duration
         kind, description = what
         if kind == "timeout":
             error = ErrorInfo(
@@ -935,8 +935,28 @@ class Worker:
                 "django_leasejobs.exceptions.JobKilled", f"the job's process {description}"
             )
             outcome = AttemptOutcome.KILLED
-        failure = Failure(job.id, job.attempt, error, self._retry_delay(running), outcome)
+        failure = self._decided(running, error, outcome, RETRIED)
         return failure, time.monotonic() - running.started
+
+    def _decided(
+        self, running: RunningJob, error: ErrorInfo, outcome: str, verdict: Verdict
+    ) -> Failure:
+        """The Failure of an attempt that ended with ``outcome``, as ``rules.decide`` has
+        it go on (a snooze's outcome is ``snoozed``)."""
+        job = running.job
+        ending = decide(
+            verdict,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            snoozes=job.snoozes,
+            max_snoozes=getattr(running.task, "snooze_limit", DEFAULT_MAX_SNOOZES),
+            backoff_delay=lambda: self._retry_delay(running),
+        )
+        if ending.snooze:
+            outcome = AttemptOutcome.SNOOZED
+        return Failure(
+            job.id, job.attempt, error, ending.retry_delay, outcome, ending.snooze, ending.decision
+        )
 
     def _after_success(self, running: RunningJob, outcome: Outcome, written: bool) -> None:
         job = running.job
@@ -996,12 +1016,14 @@ class Worker:
         self._forget(running)
 
     def _retry_delay(self, running: RunningJob) -> float:
+        """The dict policy's delay: the job's own, else its task's, else the backend's (a
+        callable backoff is called in the slot, with the exception: ``retry.verdict``)."""
         policy: Backoff | None = None
         try:
             if running.job.retry_backoff is not None:
                 policy = Backoff.from_value(running.job.retry_backoff)
-            elif running.task is not None:
-                policy = getattr(running.task, "retry_backoff", None)
+            elif isinstance(getattr(running.task, "retry_backoff", None), Backoff):
+                policy = running.task.retry_backoff  # type: ignore[union-attr]
             return (policy or self.options.retry_backoff).delay(running.job.attempt)
         except Exception:  # a bad stored policy must not stop the worker: use the backend's
             return self.options.retry_backoff.delay(running.job.attempt)
