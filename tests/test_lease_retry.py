@@ -119,6 +119,24 @@ def test_a_cancel_requested_wins_over_a_snooze() -> None:
     )
 
 
+def test_an_operator_retry_gives_a_fresh_snooze_budget() -> None:
+    job = make_job(max_attempts=1)
+    claim_one(W, job.pk)
+    leases.fail_many(W, [_snooze(job.pk, 1, delay=0.0)])
+    claim_one(W, job.pk)
+    leases.fail(job.pk, 2, W, error=ERROR, retry_delay=None)
+    assert (row(job.pk)["status"], row(job.pk)["snoozes"]) == (JobStatus.FAILED, 1)
+
+    assert leases.retry(job.pk) is leases.RetryResult.RETRIED
+
+    stored = row(job.pk)
+    assert (stored["status"], stored["snoozes"], stored["max_attempts"]) == (
+        JobStatus.PENDING,
+        0,
+        3,
+    )
+
+
 def test_a_snooze_of_a_lost_lease_writes_nothing() -> None:
     job = make_job()
     claim_one(W, job.pk)

@@ -62,9 +62,9 @@ def retry(
     """Put a failed or dead job back to ``pending``, runnable at once.
 
     Only ``failed`` and ``dead`` jobs (or the given subset of them) are retried. The
-    job gets a fresh budget: its stall count is reset and it may run at least one
-    more attempt (``max_attempts`` becomes at least ``attempt + 1``). Its attempt
-    history stays.
+    job gets a fresh budget: its stall and snooze counts are reset and it may run at
+    least one more attempt (``max_attempts`` becomes at least ``attempt + 1``). Its
+    attempt history stays.
     """
     allowed = [str(s) for s in (statuses or (JobStatus.FAILED, JobStatus.DEAD))]
     if not set(allowed) <= {JobStatus.FAILED, JobStatus.DEAD}:
@@ -85,7 +85,7 @@ def _retry(d: Dialect, job_id: int, allowed: list[str]) -> int:
     with transaction.atomic(using=d.using), connections[d.using].cursor() as cursor:
         cursor.execute(
             f"UPDATE {d.jobs} AS j SET status = 'pending', run_after = {d.now}, "  # noqa: S608 - identifiers quoted, values bound
-            "finished_at = NULL, stall_count = 0, cancel_requested = FALSE, "
+            "finished_at = NULL, stall_count = 0, snoozes = 0, cancel_requested = FALSE, "
             "max_attempts = CASE WHEN j.max_attempts <= j.attempt THEN j.attempt + 1 "
             "ELSE j.max_attempts END "
             f"WHERE j.id = %s AND j.status IN ({placeholders(len(allowed))})",
