@@ -238,7 +238,7 @@ def setup_django(url: str) -> None:
 
 JOB_COLUMNS = """
     backend, queue, task_path, args, kwargs, priority, run_after, status, attempt,
-    max_attempts, stall_count, max_stalls, locked_by, locked_until, heartbeat_at,
+    max_attempts, stall_count, max_stalls, snoozes, locked_by, locked_until, heartbeat_at,
     last_worker, cancel_requested, progress, progress_message, result, last_error,
     enqueued_at, started_at, last_attempted_at, finished_at
 """
@@ -277,6 +277,7 @@ SELECT
     3,
     CASE status WHEN 'dead' THEN 3 ELSE 0 END,
     3,
+    0,
     NULL, NULL, NULL,
     CASE WHEN status = 'cancelled' THEN '' ELSE 'bench-worker-' || (i %% 4) END,
     status = 'cancelled',
@@ -318,7 +319,7 @@ SELECT
     due,
     'pending',
     (rp > 0.97)::int,
-    3, 0, 3,
+    3, 0, 3, 0,
     NULL, NULL, NULL,
     CASE WHEN rp > 0.97 THEN 'bench-worker-0' ELSE '' END,
     false,
@@ -346,7 +347,7 @@ SELECT
     0,
     now() - interval '2 minutes' * rs - interval '1 second',
     'running',
-    1, 3, 0, 3,
+    1, 3, 0, 3, 0,
     'bench-worker-' || (i %% %(workers)s),
     CASE WHEN i %% 17 = 0 THEN now() - interval '5 seconds'
          ELSE now() + interval '10 seconds' + interval '20 seconds' * rl END,
