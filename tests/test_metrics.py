@@ -266,6 +266,15 @@ def test_without_the_extra_runworker_metrics_port_names_it(
         call_command("runworker", "--metrics-port", "9100")
 
 
+def test_a_metrics_port_in_use_stops_the_worker_before_it_starts() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"cannot listen on 127.0.0.1:{port}"):
+            call_command("runworker", "--metrics-port", f"127.0.0.1:{port}")
+
+
 @pytest.mark.parametrize(
     ("value", "address"),
     [
