@@ -76,6 +76,7 @@ class Job(models.Model):
     max_stalls = models.PositiveIntegerField(default=3)
     snoozes = models.PositiveIntegerField(
         default=0,
+        db_default=0,  # rows written without it (raw SQL, an older release) stay valid
         help_text="Times the task raised Retry without using an attempt (each also raised "
         "max_attempts by one).",
     )
@@ -205,6 +206,7 @@ class JobAttempt(models.Model):
         max_length=500,
         blank=True,
         default="",
+        db_default="",  # rows written without it (raw SQL, an older release) stay valid
         help_text="Why the job was retried, snoozed or not (empty: not a retry decision).",
     )
     started_at = models.DateTimeField(null=True, blank=True)
