@@ -1012,7 +1012,8 @@ class Worker:
             exc,
             extra=self._log_extra(job, transition=transition),
         )
-        self._send(lease_lost, job, reason=str(exc))
+        if running.stop_reason != "lease_lost":  # else stop() reported this loss already
+            self._send(lease_lost, job, reason=str(exc))
         self._forget(running)
 
     def _retry_delay(self, running: RunningJob) -> float:
