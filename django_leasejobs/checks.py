@@ -164,8 +164,7 @@ def check_backends(
     return messages
 
 
-E_METRICS_TOKEN = "leasejobs.E020"  # noqa: S105 - a check id
-"""E016-E019 are left to retry control's checks, written at the same time."""
+E_METRICS_TOKEN = "leasejobs.E016"  # noqa: S105 - a check id
 METRICS_TOKEN_SETTING = "LEASEJOBS_METRICS_TOKEN"  # noqa: S105 - the setting's name
 METRICS_TOKEN_MIN_LENGTH = 32
 

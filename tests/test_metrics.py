@@ -298,7 +298,7 @@ def test_check_refuses_a_weak_token(settings: Any, token: Any) -> None:
     settings.LEASEJOBS_METRICS_TOKEN = token
     [error] = check_metrics_token()
     assert isinstance(error, Error)
-    assert error.id == E_METRICS_TOKEN == "leasejobs.E020"
+    assert error.id == E_METRICS_TOKEN == "leasejobs.E016"
 
 
 def test_check_accepts_no_token_or_a_strong_one(settings: Any) -> None:
