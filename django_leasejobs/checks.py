@@ -16,7 +16,13 @@ from . import registry
 from .compat import DEFAULT_TASK_QUEUE_NAME
 from .conf import BACKEND_PATH, E_BAD_VALUE, E_DATABASE_FEATURES, E_UNKNOWN_DATABASE, parse_options
 from .exceptions import UnknownTask
-from .schedules.spec import E_SCHEDULE_QUEUE, E_SCHEDULE_TASK, ScheduleSpec
+from .schedules.spec import (
+    E_SCHEDULE_QUEUE,
+    E_SCHEDULE_TASK,
+    E_SCHEDULE_USE_TZ,
+    USE_TZ_PROBLEM,
+    ScheduleSpec,
+)
 
 SQLITE_MIN = (3, 35, 0)  # UPDATE ... RETURNING
 
@@ -85,6 +91,12 @@ def _schedule_messages(
 ) -> list[checks.CheckMessage]:
     if not specs:
         return []
+    if not settings.USE_TZ:
+        return [
+            _message(
+                E_SCHEDULE_USE_TZ, USE_TZ_PROBLEM, "Set USE_TZ = True.", False, f"TASKS[{alias!r}]"
+            )
+        ]
     for module in imports:
         with contextlib.suppress(ImportError):  # the worker reports a bad IMPORTS entry
             import_module(module)

@@ -85,6 +85,14 @@ def test_valid_schedules_pass_the_checks() -> None:
             "Mars/Olympus",
         ),
         ({"task": "tests.tasks.add", "every": 5, "timezone": ""}, "leasejobs.E012", "IANA"),
+        ({"task": "tests.tasks.add", "every": 5, "timezone": "US"}, "leasejobs.E012", "'US'"),
+        (
+            {"task": "tests.tasks.add", "every": 5, "timezone": "Europe/" + "x" * 300},
+            "leasejobs.E012",
+            "unknown time zone",
+        ),
+        ({"task": "tests.tasks.add", "every": 10**400}, "leasejobs.E009", "at most"),
+        ({"task": "tests.tasks.add", "every": float("nan")}, "leasejobs.E009", "seconds"),
         ({"task": "tests.tasks.add", "every": 5, "args": [object()]}, "leasejobs.E014", "JSON"),
         (
             {"task": "tests.tasks.add", "every": 5, "kwargs": {"when": datetime(2026, 1, 1)}},
@@ -226,3 +234,10 @@ def test_readable_descriptions() -> None:
         name="s", task_path="t.t", cron="0 7 * * mon-fri", timezone="Europe/Berlin"
     )
     assert weekday.describe() == "At 07:00 on Monday through Friday (Europe/Berlin)"
+
+
+def test_schedules_need_use_tz() -> None:
+    with override_settings(USE_TZ=False):
+        messages = schedule_messages({"s": GOOD})
+    assert ids(messages) == ["leasejobs.E017"]
+    assert "USE_TZ = True" in messages[0].msg

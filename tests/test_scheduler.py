@@ -321,3 +321,30 @@ def test_the_job_carries_the_schedules_arguments_queue_and_priority(scheduled: A
     job = Job.objects.get(pk=run.job_id)
     assert (job.queue, job.priority, job.args, job.kwargs) == ("high", 7, [], {"a": 1, "b": 2})
     assert run.result.task.queue_name == "high"
+
+
+def test_a_schedule_renamed_by_case_alone_keeps_its_row_and_the_others_run() -> None:
+    # MySQL/MariaDB compare the names without case: the row must be found there, and is
+    # found the same way everywhere (keeping its cursor and runs).
+    before = {
+        "Nightly": {"task": "tests.tasks.add", "every": 10, "args": [0, 0]},
+        "other": {"task": "tests.tasks.add", "every": 10, "args": [0, 0]},
+    }
+    after = {"nightly": before["Nightly"], "other": before["other"]}
+    with override_settings(TASKS=tasks_with(before)):
+        backend = lease_backend("default")
+        run_pass(backend, now=at(0))
+        assert len(run_pass(backend, now=at(10)).enqueued) == 2
+    row = Schedule.objects.get(name="Nightly")
+    with override_settings(TASKS=tasks_with(after)):
+        backend = lease_backend("default")
+        report = run_pass(backend, now=at(20))
+        assert report.failed == ()
+        assert sorted(run.schedule for run in report.enqueued) == ["nightly", "other"]
+        assert {view.name: view.state for view in schedules.overview(now=at(20))} == {
+            "nightly": "active",
+            "other": "active",
+        }
+    renamed = Schedule.objects.get(pk=row.pk)
+    assert (renamed.name, renamed.removed_at) == ("nightly", None)
+    assert len(ticks_of("nightly")) == 2

@@ -15,7 +15,7 @@ from ..leases import database_now
 from ..models import Job, Schedule
 from . import transitions
 from .scheduler import lease_backend, scheduled_task
-from .spec import ScheduleSpec
+from .spec import ScheduleSpec, require_aware_times
 from .transitions import EnqueuedRun
 
 State = Literal["active", "paused", "disabled", "removed", "new"]
@@ -87,6 +87,8 @@ def overview(
 ) -> list[ScheduleView]:
     """Every schedule of ``backend``: those in settings first, then removed ones."""
     lease = lease_backend(backend)
+    if lease.config.schedules:
+        require_aware_times()
     using = lease.database
     now = database_now(using) if now is None else now
     rows = {row.name: row for row in Schedule.objects.using(using).filter(backend=backend)}

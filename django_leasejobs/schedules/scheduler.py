@@ -107,10 +107,14 @@ def run_pass(
     failed: list[str] = []
     next_due: datetime | None = None
     for spec in specs:
-        row = rows[spec.name]
         if not spec.enabled:
             continue
         try:
+            row = rows.get(spec.name)
+            if row is None:
+                raise Schedule.DoesNotExist(
+                    f"no state row for schedule {spec.name!r} in backend {backend.alias!r}"
+                )
             enqueued.extend(_pass_one(backend, spec, row, now, scheduler))
             if not row.paused:
                 upcoming = spec.next_after(max(now, row.last_tick or now))

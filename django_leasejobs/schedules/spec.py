@@ -39,6 +39,7 @@ E_SCHEDULE_TIMEZONE = "leasejobs.E012"
 E_SCHEDULE_TASK = "leasejobs.E013"
 E_SCHEDULE_ARGUMENTS = "leasejobs.E014"
 E_SCHEDULE_QUEUE = "leasejobs.E015"
+E_SCHEDULE_USE_TZ = "leasejobs.E017"
 
 KNOWN_KEYS = frozenset(
     {
@@ -213,6 +214,21 @@ def _seconds_text(seconds: int) -> str:
     return f"{seconds} seconds" if seconds != 1 else "second"
 
 
+def require_aware_times() -> None:
+    """Schedules keep instants (aware datetimes): refuse to run them with ``USE_TZ = False``."""
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    if not settings.USE_TZ:
+        raise ImproperlyConfigured(USE_TZ_PROBLEM)
+
+
+USE_TZ_PROBLEM = (
+    "OPTIONS['SCHEDULES'] needs USE_TZ = True: ticks are instants, stored as aware "
+    "datetimes (a cron schedule's local times come from its 'timezone')."
+)
+
+
 def cron_problem(expression: str) -> str:
     """Why ``expression`` is not a five-field cron line or nickname ('' when it is)."""
     text = expression.strip()
@@ -243,7 +259,7 @@ def zone_problem(name: Any) -> str:
         return ""
     try:
         ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: "US" is a directory
         return f"unknown time zone {name!r} (use an IANA name such as 'Europe/Berlin')"
     return ""
 
@@ -252,7 +268,11 @@ def _every_seconds(value: Any) -> int | str:
     """The period in seconds, or why ``value`` is not one."""
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"every must be a number of seconds or a timedelta, got {value!r}"
+    if isinstance(value, int) and value > MAX_EVERY:  # before float(): 10**400 overflows it
+        return f"every must be at most {MAX_EVERY} seconds (a year), got {value!r}; use cron"
+    if not math.isfinite(value):
         return f"every must be a number of seconds or a timedelta, got {value!r}"
     if value != int(value) or value < 1:
         return f"every must be a whole number of seconds >= 1, got {value!r}"

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from ..compat import Task, TaskResult
 from ..functions import DatabaseNow
 from ..models import RunKind, Schedule, ScheduleRun
-from .spec import ScheduleSpec
+from .spec import ScheduleSpec, require_aware_times
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +38,19 @@ class EnqueuedRun:
 
 def _definition(spec: ScheduleSpec) -> dict[str, object]:
     return {
+        "name": spec.name,
         "task_path": spec.task_path,
         "expression": spec.expression,
         "timezone": spec.timezone,
         "enabled": spec.enabled,
     }
+
+
+def _by_name(rows: QuerySet[Schedule]) -> dict[str, Schedule]:
+    """Rows by their name without case: MySQL/MariaDB's unique (backend, name) ignores
+    case, so a schedule renamed by case alone must find its row there (and does
+    everywhere, keeping its cursor and history)."""
+    return {row.name.casefold(): row for row in rows}
 
 
 def sync(
@@ -54,15 +62,16 @@ def sync(
     enabled again) starts at ``now``: its first tick is the next one, never one from
     before. Rows of schedules gone from settings are marked removed and kept.
     """
+    require_aware_times()
     rows = Schedule.objects.using(using)
-    known = {row.name: row for row in rows.filter(backend=backend)}
-    missing = [spec for spec in specs if spec.name not in known]
+    mine = rows.filter(backend=backend)
+    known = _by_name(mine)
+    missing = [spec for spec in specs if spec.name.casefold() not in known]
     if missing:
         rows.bulk_create(
             [
                 Schedule(
                     backend=backend,
-                    name=spec.name,
                     last_tick=now,
                     next_tick=spec.next_after(now),
                     **_definition(spec),  # type: ignore[arg-type]
@@ -71,10 +80,12 @@ def sync(
             ],
             ignore_conflicts=True,  # another worker created it first
         )
-        known = {row.name: row for row in rows.filter(backend=backend)}
+        known = _by_name(mine.all())
     changed = False
     for spec in specs:
-        row = known[spec.name]
+        row = known.get(spec.name.casefold())
+        if row is None:  # cannot be stored here (logged by the pass; the others go on)
+            continue
         definition = _definition(spec)
         restarts = spec.enabled and (row.removed_at is not None or not row.enabled)
         if restarts:
@@ -99,16 +110,14 @@ def sync(
                 **definition,
             )
             changed = True
-    declared = {spec.name for spec in specs}
+    declared = {spec.name.casefold() for spec in specs}
     gone = [row.pk for name, row in known.items() if name not in declared and not row.removed_at]
     if gone:
         rows.filter(pk__in=gone, removed_at__isnull=True).update(
             removed_at=DatabaseNow(), next_tick=None, updated_at=DatabaseNow()
         )
         changed = True
-    if changed:
-        known = {row.name: row for row in rows.filter(backend=backend)}
-    return known
+    return {row.name: row for row in (mine.all() if changed or missing else known.values())}
 
 
 def enqueue_tick(
