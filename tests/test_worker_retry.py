@@ -56,6 +56,9 @@ def test_retry_control(workers: Any, pool: str) -> None:
         "snoozes_once": tasks_retry.snoozes_once.enqueue(1.5),
         "callable_backoff": tasks_retry.callable_backoff.enqueue(0.25),
         "callable_backoff_gives_text": tasks_retry.callable_backoff_gives_text.enqueue(),
+        "callable_overridden": tasks_retry.callable_backoff.using(
+            retry_backoff={"base": 0, "factor": 1, "cap": 0, "jitter": 0}
+        ).enqueue(0.25),
     }
     job_ids = {name: int(result.id) for name, result in ids.items()}
     _run_until_final(workers, pool, list(job_ids.values()))
@@ -122,6 +125,11 @@ def test_retry_control(workers: Any, pool: str) -> None:
     ]
     backoff_row = Job.objects.get(pk=job_ids["callable_backoff"])
     assert backoff_row.retry_backoff is None  # a callable is never stored
+    # A policy given to using() is stored on the row and wins over the task's callable.
+    assert _attempts(job_ids["callable_overridden"])[0] == (
+        error,
+        "retried in 0s (attempt 1 of 2)",
+    )
     # One that gives no number of seconds: the backend's RETRY_BACKOFF, saying so.
     assert _attempts(job_ids["callable_backoff_gives_text"])[0] == (
         error,

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import FrameType
 from typing import Any, Literal
@@ -45,7 +45,7 @@ from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress, decide
 from ..logs import log_failure
 from ..models import AttemptOutcome, JobAttempt, JobStatus, WorkerState
 from ..models import Worker as WorkerRow
-from ..retry import DEFAULT_MAX_SNOOZES, RETRIED, Backoff, Verdict
+from ..retry import DEFAULT_MAX_SNOOZES, RETRIED, Backoff, Decision, Verdict
 from ..signals import job_failed, job_started, job_succeeded, jobs_claimed, lease_lost
 from .execution import JobSpec, Outcome, error_as_task_error, running_result
 from .heartbeat import Heartbeat, Reaper, Watchdog
@@ -944,6 +944,9 @@ class Worker:
         """The Failure of an attempt that ended with ``outcome``, as ``rules.decide`` has
         it go on (a snooze's outcome is ``snoozed``)."""
         job = running.job
+        if job.retry_backoff is not None and verdict.decision == Decision.RETRY:
+            # The job's own policy (given to using()) wins over the task's callable.
+            verdict = replace(verdict, seconds=None)
         ending = decide(
             verdict,
             attempt=job.attempt,

@@ -29,7 +29,7 @@ from django.db import InterfaceError, OperationalError, connections
 from .. import leases
 from ..exceptions import LeaseLost, RowLocked
 from ..leases import ClaimedJob, Completion, ErrorInfo, Failure, WriteResult, storable_text
-from ..models import JobAttempt, JobStatus
+from ..models import AttemptOutcome, JobAttempt, JobStatus
 
 if TYPE_CHECKING:
     from .loop import RunningJob
@@ -295,7 +295,9 @@ def _write_failures(failures: Sequence[Failure], ctx: RoundContext, result: Roun
             f"the attempt failed ({failure.error.exception_class_path}), but the database "
             f"refused its error: {_describe(exc)}",
         )
-        return Failure(failure.job_id, failure.attempt, error, None, failure.outcome)
+        # Not retried, so not snoozed either: a refused snooze is an ordinary error.
+        outcome = AttemptOutcome.ERROR if failure.snooze else failure.outcome
+        return Failure(failure.job_id, failure.attempt, error, None, outcome)
 
     def write(batch: Sequence[Failure]) -> WriteResult:
         return leases.fail_many(ctx.worker_id, batch, using=ctx.database)
