@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
-from . import leases, registry
+from . import leases, registry, tracing
 from .compat import (
     TASK_MAX_PRIORITY,
     TASK_MIN_PRIORITY,
@@ -341,6 +341,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             retry_backoff=asdict(backoff) if isinstance(backoff, Backoff) else None,
             run_after=_storable_run_after(task.run_after),
             task_options=_task_options(task),
+            trace_context=tracing.current_context(),
         )
 
     def _new_job(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:

@@ -105,6 +105,12 @@ class Job(models.Model):
         help_text="Options the enqueued task had set (run_after, max_attempts, max_stalls), "
         "so get_result() returns the same task; null = none.",
     )
+    trace_context = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The enqueuing code's W3C trace context (OpenTelemetry), continued by the "
+        "worker's span; null = none.",
+    )
 
     progress = models.FloatField(null=True, blank=True)
     progress_message = models.CharField(max_length=255, blank=True, default="")

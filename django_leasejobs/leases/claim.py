@@ -35,6 +35,7 @@ CLAIM_COLUMNS = (
     "started_at",
     "last_attempted_at",
     "snoozes",
+    "trace_context",
 )
 _PRIORITY = CLAIM_COLUMNS.index("priority")
 CLAIM_ORDER = "priority DESC, run_after, id"
@@ -181,6 +182,7 @@ def claimed_job(row: Sequence[Any]) -> ClaimedJob:
         started_at=as_datetime(values["started_at"]),
         last_attempted_at=as_datetime(values["last_attempted_at"]),
         snoozes=int(values["snoozes"]),
+        trace_context=_json(values["trace_context"]),
     )
 
 

@@ -46,6 +46,9 @@ class ClaimedJob:
     """When this attempt started (the claim)."""
     snoozes: int = 0
     """``Job.snoozes``: the snoozes the job took before this attempt."""
+    trace_context: Any = None
+    """``Job.trace_context`` as stored (the enqueuer's W3C trace context, or None); read
+    by ``tracing`` only, which never trusts its shape."""
 
     @property
     def lease(self) -> tuple[int, int]:
@@ -75,6 +78,7 @@ class ClaimedJob:
                 self.started_at,
                 self.last_attempted_at,
                 self.snoozes,
+                self.trace_context,
             ),
         )
 
@@ -181,6 +185,8 @@ class NewJob:
     """The options the enqueued Task had set that no other column keeps exactly (its own
     ``run_after``, ``max_attempts``, ``max_stalls``), so that ``get_result`` rebuilds the
     same Task; None when it set none of them."""
+    trace_context: dict[str, str] | None = None
+    """The enqueuer's W3C trace context (``tracing.current_context``), or None."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from django.db import close_old_connections, connections
 
+from ..tracing import flush_spans
 from .execution import JobSpec, execute
 
 # Messages: child -> parent
@@ -76,6 +77,7 @@ def child_main(conn: Connection, lifeline_fd: int, close_fds: list[int]) -> None
         code = 1
     finally:
         try:
+            flush_spans()
             connections.close_all()
         finally:
             os._exit(code)

@@ -29,6 +29,7 @@ from ..models import JobStatus
 from ..registry import resolve
 from ..retry import RETRIED, Decision, Verdict, verdict
 from ..serialization import json_value
+from ..tracing import traced
 
 NOT_RETRIED = Verdict(Decision.FAIL, "not retried: it would fail the same way again")
 
@@ -180,8 +181,15 @@ def execute(
     progress_sink: ProgressSink | None = None,
     lost_flag: threading.Event | None = None,
 ) -> Outcome:
-    """Run one attempt and describe how it ended. Never raises: whatever the task raises
-    (``KeyboardInterrupt`` and ``SystemExit`` included) is that attempt's failure."""
+    """Run one attempt and describe how it ended, in the job's span when tracing is on.
+    Never raises: whatever the task raises (``KeyboardInterrupt`` and ``SystemExit``
+    included) is that attempt's failure."""
+    return traced(spec.job, spec.backend, lambda: _attempt(spec, progress_sink, lost_flag))
+
+
+def _attempt(
+    spec: JobSpec, progress_sink: ProgressSink | None, lost_flag: threading.Event | None
+) -> Outcome:
     job = spec.job
     started = time.monotonic()
     if job.problem is not None:

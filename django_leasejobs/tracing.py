@@ -1,0 +1,127 @@
+"""OpenTelemetry tracing, with the optional ``opentelemetry`` extra (docs/monitoring.md).
+
+The trace context of the code that enqueues a job is stored on its row
+(``Job.trace_context``); the slot that runs an attempt continues it with one span.
+Only ``opentelemetry-api`` is used: the project configures the SDK. Without the
+package nothing is imported and each call costs one cached check (:func:`_api`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from .retry import Decision
+
+if TYPE_CHECKING:
+    from .leases import ClaimedJob, ErrorInfo
+    from .worker.execution import Outcome
+
+TRACER_NAME = "django_leasejobs"
+
+
+@functools.cache
+def _api() -> tuple[ModuleType, ModuleType] | None:
+    """``(opentelemetry.trace, opentelemetry.propagate)``, or None without the extra."""
+    try:
+        from opentelemetry import propagate, trace
+    except ImportError:
+        return None
+    return trace, propagate
+
+
+def current_context() -> dict[str, str] | None:
+    """The W3C trace context of the active span (the propagator's carrier), or None
+    when tracing is absent or no span is active."""
+    api = _api()
+    if api is None:
+        return None
+    trace, propagate = api
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier or None
+
+
+def _parent(stored: Any, propagate: ModuleType) -> Any:
+    """The context a job's row carries, or None (a root span). A hand-written or garbage
+    value never fails the job: only string items of a JSON object are read."""
+    if not isinstance(stored, Mapping):
+        return None
+    carrier = {k: v for k, v in stored.items() if isinstance(k, str) and isinstance(v, str)}
+    try:
+        return propagate.extract(carrier)
+    except Exception:
+        return None
+
+
+def outcome_label(outcome: Outcome) -> str:
+    """``leasejobs.outcome``: succeeded, snoozed (the task raised ``Retry``) or failed."""
+    if outcome.ok:
+        return "succeeded"
+    return "snoozed" if outcome.verdict.decision == Decision.SNOOZE else "failed"
+
+
+def traced(job: ClaimedJob, backend: str, run: Callable[[], Outcome]) -> Outcome:
+    """``run()`` (one attempt) inside the span ``leasejobs.job {task_path}`` (kind
+    CONSUMER), a child of the job's stored trace context. Without the extra, ``run()``."""
+    api = _api()
+    if api is None:
+        return run()
+    trace, propagate = api
+    tracer = trace.get_tracer(TRACER_NAME)
+    attributes = {
+        "leasejobs.job_id": job.id,
+        "leasejobs.attempt": job.attempt,
+        "leasejobs.task": job.task_path,
+        "leasejobs.queue": job.queue,
+        "leasejobs.backend": backend,
+    }
+    with tracer.start_as_current_span(
+        f"leasejobs.job {job.task_path}",
+        context=_parent(job.trace_context, propagate),
+        kind=trace.SpanKind.CONSUMER,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        outcome = run()
+        label = outcome_label(outcome)
+        span.set_attribute("leasejobs.outcome", label)
+        if outcome.error is not None and label == "failed":
+            _record(span, outcome.error, trace)
+        return outcome
+
+
+def _record(span: Any, error: ErrorInfo, trace: ModuleType) -> None:
+    """The failure as OpenTelemetry's ``exception`` event (what ``record_exception``
+    writes; the slot keeps the error as text, so it is written from that)."""
+    span.add_event(
+        "exception",
+        {
+            "exception.type": error.exception_class_path,
+            "exception.message": error.message,
+            "exception.stacktrace": error.traceback,
+        },
+    )
+    span.set_status(trace.Status(trace.StatusCode.ERROR, error.last_error))
+
+
+FLUSH_MILLIS = 2000
+
+
+def flush_spans() -> None:
+    """Export the spans this process still buffers, for at most ``FLUSH_MILLIS``, when
+    the SDK's provider can (a process-pool child leaves with ``os._exit``, which skips
+    the SDK's exit hook)."""
+    api = _api()
+    if api is None:
+        return
+    force_flush = getattr(api[0].get_tracer_provider(), "force_flush", None)
+    if callable(force_flush):
+        with contextlib.suppress(Exception):
+            force_flush(FLUSH_MILLIS)
