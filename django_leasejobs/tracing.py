@@ -40,10 +40,13 @@ def current_context() -> dict[str, str] | None:
     if api is None:
         return None
     trace, propagate = api
-    if not trace.get_current_span().get_span_context().is_valid:
-        return None
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    try:  # a broken propagator setup costs the link, never the enqueue
+        if not trace.get_current_span().get_span_context().is_valid:
+            return None
+        propagate.inject(carrier)
+    except Exception:
+        return None
     return carrier or None
 
 
@@ -68,33 +71,45 @@ def outcome_label(outcome: Outcome) -> str:
 
 def traced(job: ClaimedJob, backend: str, run: Callable[[], Outcome]) -> Outcome:
     """``run()`` (one attempt) inside the span ``leasejobs.job {task_path}`` (kind
-    CONSUMER), a child of the job's stored trace context. Without the extra, ``run()``."""
+    CONSUMER), a child of the job's stored trace context. Without the extra, ``run()``.
+
+    Tracing never decides a job's fate: a tracer or span processor that raises (a broken
+    SDK setup) costs the span, never the attempt."""
     api = _api()
     if api is None:
         return run()
     trace, propagate = api
-    tracer = trace.get_tracer(TRACER_NAME)
-    attributes = {
-        "leasejobs.job_id": job.id,
-        "leasejobs.attempt": job.attempt,
-        "leasejobs.task": job.task_path,
-        "leasejobs.queue": job.queue,
-        "leasejobs.backend": backend,
-    }
-    with tracer.start_as_current_span(
-        f"leasejobs.job {job.task_path}",
-        context=_parent(job.trace_context, propagate),
-        kind=trace.SpanKind.CONSUMER,
-        attributes=attributes,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
+    try:
+        span_cm = trace.get_tracer(TRACER_NAME).start_as_current_span(
+            f"leasejobs.job {job.task_path}",
+            context=_parent(job.trace_context, propagate),
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                "leasejobs.job_id": job.id,
+                "leasejobs.attempt": job.attempt,
+                "leasejobs.task": job.task_path,
+                "leasejobs.queue": job.queue,
+                "leasejobs.backend": backend,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        span = span_cm.__enter__()
+    except Exception:
+        return run()
+    outcome: Outcome | None = None
+    try:
         outcome = run()
-        label = outcome_label(outcome)
-        span.set_attribute("leasejobs.outcome", label)
-        if outcome.error is not None and label == "failed":
-            _record(span, outcome.error, trace)
         return outcome
+    finally:
+        with contextlib.suppress(Exception):
+            if outcome is not None:
+                label = outcome_label(outcome)
+                span.set_attribute("leasejobs.outcome", label)
+                if outcome.error is not None and label == "failed":
+                    _record(span, outcome.error, trace)
+        with contextlib.suppress(Exception):
+            span_cm.__exit__(None, None, None)
 
 
 def _record(span: Any, error: ErrorInfo, trace: ModuleType) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -283,3 +283,48 @@ def test_the_claim_returns_the_stored_context(db: None) -> None:
     Job.objects.filter(pk=job.id).update(trace_context={"traceparent": "x"})
     (found,) = leases.claim("w", limit=1, lease_duration=30)
     assert found.trace_context == {"traceparent": "x"}
+
+
+class BrokenProcessor(SimpleSpanProcessor):
+    """A span processor of a broken SDK setup: it raises when a span starts or ends."""
+
+    def __init__(self, when: str) -> None:
+        super().__init__(InMemorySpanExporter())
+        self.when = when
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.when == "start":
+            raise RuntimeError("broken on_start")
+
+    def on_end(self, span: Any) -> None:
+        if self.when == "end":
+            raise RuntimeError("broken on_end")
+
+
+@pytest.mark.parametrize("when", ["start", "end"])
+def test_a_broken_tracer_setup_never_costs_the_attempt(
+    monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(BrokenProcessor(when))
+    monkeypatch.setattr(trace, "get_tracer", lambda *args, **kwargs: provider.get_tracer("t"))
+    ran: list[bool] = []
+    outcome = Outcome((1, 1), ok=True)
+
+    def run() -> Outcome:
+        ran.append(True)
+        return outcome
+
+    assert tracing.traced(claimed(None), "default", run) is outcome
+    assert ran == [True]  # run once, span or not
+
+
+def test_a_broken_propagator_never_costs_the_enqueue(
+    monkeypatch: pytest.MonkeyPatch, tracer: trace.Tracer
+) -> None:
+    def broken_inject(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("broken propagator")
+
+    monkeypatch.setattr(propagate, "inject", broken_inject)
+    with tracer.start_as_current_span("request"):
+        assert tracing.current_context() is None
