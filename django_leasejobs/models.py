@@ -74,7 +74,9 @@ class Job(models.Model):
         default=0, help_text="Attempts whose lease expired and were reaped."
     )
     max_stalls = models.PositiveIntegerField(default=3)
-    snoozes = models.PositiveIntegerField(
+    # Not PositiveIntegerField: its CHECK (snoozes >= 0) would make adding the column
+    # scan the whole job table under an exclusive lock (migration 0009). Only ever 0+1+1...
+    snoozes = models.IntegerField(
         default=0,
         db_default=0,  # rows written without it (raw SQL, an older release) stay valid
         help_text="Times the task raised Retry without using an attempt (each also raised "
