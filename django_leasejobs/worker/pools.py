@@ -27,6 +27,9 @@ from django.db import connections
 from .child import MSG_OUTCOME, MSG_PROGRESS, child_main
 from .execution import JobSpec, Outcome, error_info, execute
 
+SLOT_EXIT_WAIT = 5.0
+"""At shutdown, how long idle slots get (all together) to leave on their own."""
+
 logger = logging.getLogger("django_leasejobs")
 
 Lease = tuple[int, int]
@@ -160,10 +163,16 @@ class ProcessPool:
         slot.process.join(timeout=5)
 
     def shutdown(self) -> None:
-        for slot in self._slots:
-            if slot.lease is None:
-                with contextlib.suppress(OSError):
-                    slot.conn.send(None)
+        idle = [slot for slot in self._slots if slot.lease is None]
+        for slot in idle:
+            with contextlib.suppress(OSError):
+                slot.conn.send(None)
+        # Let idle slots leave on their own (they flush what they owe, such as trace
+        # spans) before their lifeline closes: a closed lifeline makes a slot SIGKILL
+        # its own process group at once.
+        deadline = time.monotonic() + SLOT_EXIT_WAIT
+        for slot in idle:
+            slot.process.join(timeout=max(0.0, deadline - time.monotonic()))
         for slot in self._slots:
             if slot.lease is not None:
                 self._signal_group(slot, signal.SIGKILL)
