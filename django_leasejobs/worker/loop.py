@@ -251,6 +251,11 @@ class Worker:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
+        if signum == signal.SIGHUP and self.stopping:
+            # A closing terminal sends SIGHUP twice (the shell forwards it, then the kernel
+            # sends it when the shell exits): the hang-up asks for a graceful stop, never
+            # a forced one.
+            return
         if not self.stopping:
             self.stopping = True
             self.shutdown_deadline = time.monotonic() + self.config.shutdown_timeout
@@ -277,9 +282,12 @@ class Worker:
         # in a thread of Django's autoreloader, which handles the signals itself.
         previous = {}
         if threading.current_thread() is threading.main_thread():
-            previous = {
-                s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)
-            }
+            # SIGHUP (the terminal closed) stops gracefully too, unless it was ignored
+            # when the worker started (nohup): then it stays ignored.
+            stops = [signal.SIGTERM, signal.SIGINT]
+            if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+                stops.append(signal.SIGHUP)
+            previous = {s: signal.signal(s, self._on_signal) for s in stops}
         self.pool.start()  # fork the slots before any other thread exists
         try:
             self.register()

@@ -115,7 +115,7 @@ class Command(BaseCommand):
             "--shutdown-timeout",
             type=non_negative_seconds,
             default=30.0,
-            help="On SIGTERM/SIGINT, seconds to let running jobs finish before they are "
+            help="On SIGTERM/SIGINT/SIGHUP, seconds to let running jobs finish before they are "
             "stopped and released (default: 30).",
         )
         parser.add_argument(
