@@ -12,7 +12,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..backend import live_result, task_as_enqueued, task_error
@@ -22,12 +22,14 @@ from ..leases import (
     MAX_PROGRESS_MESSAGE_LENGTH,
     ClaimedJob,
     ErrorInfo,
+    Failure,
+    decide,
     save_checkpoint,
     storable_text,
 )
-from ..models import JobStatus
+from ..models import AttemptOutcome, JobStatus
 from ..registry import resolve
-from ..retry import RETRIED, Decision, Verdict, verdict
+from ..retry import DEFAULT_MAX_SNOOZES, RETRIED, Backoff, Decision, Verdict, verdict
 from ..serialization import json_value
 from ..tracing import traced
 
@@ -233,3 +235,50 @@ def _attempt(
             duration=time.monotonic() - started,
         )
     return Outcome(job.lease, ok=True, result=result, duration=time.monotonic() - started)
+
+
+def attempt_failure(
+    job: ClaimedJob,
+    task: Task | None,
+    error: ErrorInfo,
+    outcome: str,
+    verdict: Verdict,
+    default_backoff: Backoff,
+) -> Failure:
+    """The Failure to write for an attempt of ``job`` that ended with ``outcome``, as
+    ``rules.decide`` has it go on (a snooze's outcome is ``snoozed``).
+
+    ``task`` is the job's resolved task (None when it did not resolve) and
+    ``default_backoff`` the backend's ``RETRY_BACKOFF``. Used by the worker's main loop
+    and by ``django_leasejobs.testing``.
+    """
+    if job.retry_backoff is not None and verdict.decision == Decision.RETRY:
+        # The job's own policy (given to using()) wins over the task's callable.
+        verdict = replace(verdict, seconds=None)
+    ending = decide(
+        verdict,
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+        snoozes=job.snoozes,
+        max_snoozes=getattr(task, "snooze_limit", DEFAULT_MAX_SNOOZES),
+        backoff_delay=lambda: retry_delay(job, task, default_backoff),
+    )
+    if ending.snooze:
+        outcome = AttemptOutcome.SNOOZED
+    return Failure(
+        job.id, job.attempt, error, ending.retry_delay, outcome, ending.snooze, ending.decision
+    )
+
+
+def retry_delay(job: ClaimedJob, task: Task | None, default_backoff: Backoff) -> float:
+    """The dict policy's delay: the job's own, else its task's, else the backend's (a
+    callable backoff is called in the slot, with the exception: ``retry.verdict``)."""
+    policy: Backoff | None = None
+    try:
+        if job.retry_backoff is not None:
+            policy = Backoff.from_value(job.retry_backoff)
+        elif isinstance(getattr(task, "retry_backoff", None), Backoff):
+            policy = task.retry_backoff  # type: ignore[union-attr]
+        return (policy or default_backoff).delay(job.attempt)
+    except Exception:  # a bad stored policy must not stop the worker: use the backend's
+        return default_backoff.delay(job.attempt)

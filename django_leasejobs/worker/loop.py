@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import FrameType
 from typing import Any, Literal
@@ -41,13 +41,19 @@ from ..backend import STATUS_TO_RESULT, LeaseJobsBackend, attempt_history
 from ..compat import Task, TaskResult, task_backends, task_finished, task_started
 from ..exceptions import TaskFailed, task_failure
 from ..functions import DatabaseNow
-from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress, decide, storable_text
+from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress, storable_text
 from ..logs import log_failure
 from ..models import AttemptOutcome, JobAttempt, JobStatus, WorkerState
 from ..models import Worker as WorkerRow
-from ..retry import DEFAULT_MAX_SNOOZES, RETRIED, Backoff, Decision, Verdict
+from ..retry import RETRIED, Verdict
 from ..signals import job_failed, job_started, job_succeeded, jobs_claimed, lease_lost
-from .execution import JobSpec, Outcome, error_as_task_error, running_result
+from .execution import (
+    JobSpec,
+    Outcome,
+    attempt_failure,
+    error_as_task_error,
+    running_result,
+)
 from .heartbeat import Heartbeat, Reaper, Watchdog
 from .listener import Listener
 from .pools import Event, ProcessPool, ProgressEvent, ThreadPool
@@ -949,24 +955,9 @@ class Worker:
     def _decided(
         self, running: RunningJob, error: ErrorInfo, outcome: str, verdict: Verdict
     ) -> Failure:
-        """The Failure of an attempt that ended with ``outcome``, as ``rules.decide`` has
-        it go on (a snooze's outcome is ``snoozed``)."""
-        job = running.job
-        if job.retry_backoff is not None and verdict.decision == Decision.RETRY:
-            # The job's own policy (given to using()) wins over the task's callable.
-            verdict = replace(verdict, seconds=None)
-        ending = decide(
-            verdict,
-            attempt=job.attempt,
-            max_attempts=job.max_attempts,
-            snoozes=job.snoozes,
-            max_snoozes=getattr(running.task, "snooze_limit", DEFAULT_MAX_SNOOZES),
-            backoff_delay=lambda: self._retry_delay(running),
-        )
-        if ending.snooze:
-            outcome = AttemptOutcome.SNOOZED
-        return Failure(
-            job.id, job.attempt, error, ending.retry_delay, outcome, ending.snooze, ending.decision
+        """The Failure of an attempt that ended with ``outcome`` (``attempt_failure``)."""
+        return attempt_failure(
+            running.job, running.task, error, outcome, verdict, self.options.retry_backoff
         )
 
     def _after_success(self, running: RunningJob, outcome: Outcome, written: bool) -> None:
@@ -1026,19 +1017,6 @@ class Worker:
         if running.stop_reason != "lease_lost":  # else stop() reported this loss already
             self._send(lease_lost, job, reason=str(exc))
         self._forget(running)
-
-    def _retry_delay(self, running: RunningJob) -> float:
-        """The dict policy's delay: the job's own, else its task's, else the backend's (a
-        callable backoff is called in the slot, with the exception: ``retry.verdict``)."""
-        policy: Backoff | None = None
-        try:
-            if running.job.retry_backoff is not None:
-                policy = Backoff.from_value(running.job.retry_backoff)
-            elif isinstance(getattr(running.task, "retry_backoff", None), Backoff):
-                policy = running.task.retry_backoff  # type: ignore[union-attr]
-            return (policy or self.options.retry_backoff).delay(running.job.attempt)
-        except Exception:  # a bad stored policy must not stop the worker: use the backend's
-            return self.options.retry_backoff.delay(running.job.attempt)
 
     def _after_failure(
         self,
