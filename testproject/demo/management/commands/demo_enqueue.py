@@ -6,6 +6,7 @@ import random
 from datetime import timedelta
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
@@ -25,8 +26,17 @@ class Command(BaseCommand):
         parser.add_argument(
             "--seed", type=int, default=None, help="Random seed, for a repeatable mix."
         )
+        parser.add_argument(
+            "--superuser",
+            action="store_true",
+            help="First create the superuser admin (password: admin) if it does not exist.",
+        )
 
-    def handle(self, *args: Any, quick: int, seed: int | None, **options: Any) -> None:
+    def handle(
+        self, *args: Any, quick: int, seed: int | None, superuser: bool, **options: Any
+    ) -> None:
+        if superuser:
+            self._ensure_superuser()
         rng = random.Random(seed)  # noqa: S311 - demo data, not crypto
         now = timezone.now()
         enqueued = 0
@@ -72,3 +82,11 @@ class Command(BaseCommand):
         report("crash_worker() [kills its worker; dead after 2 stalls]", crash_worker.enqueue())
 
         self.stdout.write(self.style.SUCCESS(f"{enqueued} demo jobs enqueued"))
+
+    def _ensure_superuser(self) -> None:
+        user_model = get_user_model()
+        if user_model.objects.filter(username="admin").exists():
+            self.stdout.write("superuser admin already exists")
+        else:
+            user_model.objects.create_superuser("admin", "admin@example.com", "admin")
+            self.stdout.write("created superuser admin (password: admin)")
