@@ -2,8 +2,9 @@
 
 Register it with ``-p django_leasejobs.testing.pytest_plugin``, ``pytest_plugins`` in
 your root ``conftest.py``, or through the package's ``pytest11`` entry point. pytest loads
-plugins before pytest-django configures Django, so this module imports nothing from
-Django (or from the rest of django_leasejobs) until a test asks for the fixture.
+plugins before pytest-django configures Django, so this module imports nothing that needs
+settings (no model, no app registry) until a test asks for the fixture. The fixture needs
+pytest-django (its ``db`` fixture).
 """
 
 from __future__ import annotations
@@ -17,17 +18,17 @@ if TYPE_CHECKING:
 
 
 @pytest.fixture
-def leasejobs(request: pytest.FixtureRequest) -> LeaseJobsKit:
+def leasejobs(db: None) -> LeaseJobsKit:
     """Run queued jobs in-process and assert what was enqueued, on the ``default`` backend.
 
-    Gives database access like pytest-django's ``db`` (the test runs in a transaction
-    that is rolled back), unless the test already has it another way (``transactional_db``,
-    ``django_db(transaction=True)``). ``leasejobs.run_jobs()``,
+    Uses pytest-django's ``db`` (the test runs in a transaction that is rolled back at
+    its end); a test that also asks for ``transactional_db`` (or is marked
+    ``django_db(transaction=True)``) gets that instead. ``db`` is a parameter, not
+    requested from inside: pytest-django sets up only the databases that the collected
+    tests' fixtures name. ``leasejobs.run_jobs()``,
     ``leasejobs.assert_enqueued(task, args=[...])``, ``leasejobs.assert_not_enqueued(task)``,
     ``leasejobs.enqueued_jobs(task)``; ``LeaseJobsKit("other")`` for another backend alias.
     """
-    if "transactional_db" not in request.fixturenames:
-        request.getfixturevalue("db")
     from django_leasejobs.testing.kit import LeaseJobsKit
 
     return LeaseJobsKit()
