@@ -244,15 +244,10 @@ def test_complete_many_writes_every_held_lease_in_the_batch() -> None:
     # A None result is SQL NULL, as complete() stores it (not the JSON value null).
     assert Job.objects.filter(pk=claimed[-1].id, result__isnull=True).exists()
     assert not Job.objects.filter(pk=claimed[-2].id, result__isnull=True).exists()
-    # Progress becomes 1.0 only where a fraction was set; messages stay.
-    assert (row(claimed[0].id)["progress"], row(claimed[0].id)["progress_message"]) == (
-        1.0,
-        "working",
-    )
-    assert (row(claimed[1].id)["progress"], row(claimed[1].id)["progress_message"]) == (
-        None,
-        "only a message",
-    )
+    # Progress becomes 1.0 only where a fraction was set; a finished job keeps no stale
+    # message ("100% working").
+    assert (row(claimed[0].id)["progress"], row(claimed[0].id)["progress_message"]) == (1.0, "")
+    assert (row(claimed[1].id)["progress"], row(claimed[1].id)["progress_message"]) == (None, "")
     assert all(row(c.id)["progress"] is None for c in claimed[2:])
     # A success writes no attempt row.
     assert JobAttempt.objects.count() == 0

@@ -413,6 +413,7 @@ class LeaseProtocol(RuleBasedStateMachine):
             job.result = value
             if job.progress is not None:
                 job.progress = 1.0
+            job.progress_message = ""
 
     @rule(
         lease=LEASES,

@@ -71,7 +71,7 @@ def _succeeded(d: Dialect) -> SetList:
             f"status = 'succeeded', result = {value('result')}, locked_by = NULL, "
             f"locked_until = NULL, finished_at = {d.now}, "
             "progress = CASE WHEN j.progress IS NULL THEN NULL ELSE 1.0 END, "
-            "cancel_requested = FALSE"
+            "progress_message = '', cancel_requested = FALSE"
         )
 
     return set_list
