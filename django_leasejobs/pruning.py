@@ -1,6 +1,8 @@
-"""Delete old finished jobs (and their attempts), and old schedule runs, in short batches.
+"""Delete finished jobs (and their attempts), and old schedule runs, in short batches.
 
-Used by ``manage.py prune_jobs``. The age cut-off is computed by the database
+The one rule for which jobs may be deleted (:func:`finished`) and the one way they are
+deleted (:func:`delete_finished`), used by ``manage.py prune_jobs`` (:func:`prune`) and
+by the admin's *Delete finished jobs* action. The age cut-off is computed by the database
 (``DatabaseNow() - interval``), never by this process's clock. Schedule runs
 (``ScheduleRun``) go by the same cut-off on ``enqueued_at``; the schedules' state rows
 (``Schedule``) are never touched, and their cursor, not the run rows, is what keeps a
@@ -21,7 +23,7 @@ from django.db import connections, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, Q, QuerySet, Value
 
 from .functions import DatabaseNow
-from .models import Job, JobAttempt, JobStatus, Schedule, ScheduleRun
+from .models import FINISHED_STATUSES, Job, JobAttempt, JobStatus, Schedule, ScheduleRun
 
 logger = logging.getLogger("django_leasejobs")
 
@@ -66,8 +68,17 @@ def _cutoff(older_than: timedelta) -> ExpressionWrapper:
     return ExpressionWrapper(DatabaseNow() - Value(older_than), output_field=DateTimeField())
 
 
-def _prunable(older_than: timedelta, statuses: tuple[str, ...], backend: str | None) -> Q:
-    condition = Q(status__in=statuses, finished_at__lt=_cutoff(older_than))
+def finished(statuses: tuple[str, ...] = FINISHED_STATUSES) -> Q:
+    """The rule for a job that may be deleted: it has finished (its status is one of
+    ``statuses``, all of them finished ones). Pending and running jobs are never deleted."""
+    unfinished = set(statuses) - set(FINISHED_STATUSES)
+    if unfinished:
+        raise ValueError(f"not finished statuses: {sorted(unfinished)}")
+    return Q(status__in=statuses)
+
+
+def _old(older_than: timedelta, backend: str | None) -> Q:
+    condition = Q(finished_at__lt=_cutoff(older_than))
     if backend is not None:
         condition &= Q(backend=backend)
     return condition
@@ -107,6 +118,37 @@ def _in_batches(
             return total, batches
 
 
+def delete_finished(
+    jobs: QuerySet[Job],
+    *,
+    statuses: tuple[str, ...] = FINISHED_STATUSES,
+    batch_size: int = 1000,
+    before_delete: Callable[[QuerySet[Job]], object] | None = None,
+) -> tuple[int, int]:
+    """Delete the finished jobs among ``jobs`` (see :func:`finished`) with their attempts;
+    (count, batches).
+
+    In batches of ``batch_size`` (see :func:`_in_batches`): the rule is re-checked on
+    locked rows, so a job that was retried meanwhile stays. ``before_delete`` sees each
+    batch's jobs inside its transaction, before they go (the admin logs them).
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    using = jobs.db
+    rows = Job.objects.using(using)
+
+    def delete(ids: list[int]) -> int:
+        if before_delete is not None:
+            before_delete(rows.filter(pk__in=ids))
+        # Attempts first and explicitly, in the same transaction: the result does not
+        # depend on a database-level ON DELETE CASCADE.
+        JobAttempt.objects.using(using).filter(job_id__in=ids).delete()
+        _, per_model = rows.filter(pk__in=ids).delete()
+        return per_model.get(Job._meta.label, 0)
+
+    return _in_batches(jobs.filter(finished(statuses)), delete, batch_size, using)
+
+
 def prune(
     *,
     older_than: timedelta,
@@ -127,12 +169,11 @@ def prune(
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     statuses = statuses_for(include_failed)
-    jobs = Job.objects.using(using)
-    prunable = jobs.filter(_prunable(older_than, statuses, backend))
+    old_jobs = Job.objects.using(using).filter(_old(older_than, backend))
     old_runs = _old_runs(older_than, backend, using)
 
     if dry_run:
-        count = prunable.count()
+        count = old_jobs.filter(finished(statuses)).count()
         return PruneResult(
             count=count,
             batches=-(-count // batch_size),
@@ -140,17 +181,10 @@ def prune(
             schedule_runs=old_runs.count(),
         )
 
-    def delete_jobs(ids: list[int]) -> int:
-        # Attempts first and explicitly, in the same transaction: the result does not
-        # depend on a database-level ON DELETE CASCADE.
-        JobAttempt.objects.using(using).filter(job_id__in=ids).delete()
-        _, per_model = jobs.filter(pk__in=ids).delete()
-        return per_model.get(Job._meta.label, 0)
-
     def delete_runs(ids: list[int]) -> int:
         return ScheduleRun.objects.using(using).filter(pk__in=ids).delete()[0]
 
-    total, batches = _in_batches(prunable, delete_jobs, batch_size, using)
+    total, batches = delete_finished(old_jobs, statuses=statuses, batch_size=batch_size)
     logger.info(
         "pruned finished jobs count=%d",
         total,

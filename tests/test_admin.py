@@ -227,6 +227,26 @@ def post_action(client: Client, action: str, ids: Iterable[int], **extra: str) -
     return client.post(CHANGELIST, data)
 
 
+def confirm_delete(client: Client, ids: Iterable[int], **extra: str) -> HttpResponse:
+    """The confirmation page's POST: the selection again, ``post=yes``, no ``index``."""
+    data = {
+        "action": "delete_finished",
+        "_selected_action": [str(i) for i in ids],
+        "select_across": "0",
+        "post": "yes",
+        **extra,
+    }
+    return client.post(CHANGELIST, data)
+
+
+def run_action(client: Client, action: str, ids: Iterable[int]) -> HttpResponse:
+    """Run an action as a person does: choose it, and confirm a deletion when asked."""
+    response = post_action(client, action, ids)
+    if action == "delete_finished" and response.status_code == 200:
+        response = confirm_delete(client, ids)
+    return response
+
+
 def messages_of(response: HttpResponse) -> list[str]:
     return [str(m) for m in get_messages(response.wsgi_request)]
 
@@ -750,15 +770,42 @@ def test_cancel_on_a_finished_job_is_skipped(admin_client: Client, states: dict[
     assert not LogEntry.objects.exists()
 
 
-def test_delete_finished_deletes_finished_jobs_and_skips_active_ones(
+def test_delete_finished_asks_first_and_deletes_nothing(
+    admin_client: Client, states: dict[str, int]
+) -> None:
+    finished = [states[s] for s in ("succeeded", "failed", "dead", "cancelled")]
+    active = [states[s] for s in ("pending", "running")]
+
+    response = post_action(admin_client, "delete_finished", finished + active)
+
+    assert response.status_code == 200
+    assert response.templates[0].name == (
+        "admin/django_leasejobs/job/delete_finished_confirmation.html"
+    )
+    content = response.content.decode()
+    assert "delete 4 finished jobs, with their attempts?" in content
+    assert "2 selected jobs are not finished (pending or running) and stay." in content
+    listed = re.findall(r'<li><a href="([^"]+)">', content)
+    assert listed == [change_url(i) for i in sorted(finished, reverse=True)]
+    for job_id in finished + active:  # the form carries the whole selection back
+        assert f'name="_selected_action" value="{job_id}"' in content
+    assert 'name="post" value="yes"' in content
+    assert 'name="csrfmiddlewaretoken"' in content
+    assert Job.objects.filter(pk__in=finished + active).count() == 6
+    assert not LogEntry.objects.exists()
+    assert messages_of(response) == []
+
+
+def test_delete_finished_confirmed_deletes_finished_jobs_and_skips_active_ones(
     admin_client: Client, states: dict[str, int]
 ) -> None:
     finished = [states[s] for s in ("succeeded", "failed", "dead", "cancelled")]
     active = [states[s] for s in ("pending", "running")]
     reprs = {job.pk: str(job) for job in Job.objects.filter(pk__in=finished)}
 
-    response = post_action(admin_client, "delete_finished", finished + active)
+    response = confirm_delete(admin_client, finished + active)
 
+    assert response.status_code == 302
     assert messages_of(response) == [
         "Deleted 4 jobs. Skipped 2: 2 not finished (pending or running)."
     ]
@@ -769,10 +816,37 @@ def test_delete_finished_deletes_finished_jobs_and_skips_active_ones(
     assert {int(e.object_id): e.object_repr for e in entries} == reprs
 
 
-def test_delete_finished_on_a_running_job_is_skipped(
+def test_delete_finished_keeps_a_job_retried_after_the_confirmation_page(
+    admin_client: Client, states: dict[str, int]
+) -> None:
+    chosen = [states["failed"], states["succeeded"]]
+    assert post_action(admin_client, "delete_finished", chosen).status_code == 200
+    assert leases.retry(states["failed"]) == leases.RetryResult.RETRIED  # meanwhile
+
+    response = confirm_delete(admin_client, chosen)
+
+    assert messages_of(response) == [
+        "Deleted 1 job. Skipped 1: 1 not finished (pending or running)."
+    ]
+    assert status_of(states["failed"]) == JobStatus.PENDING
+    assert not Job.objects.filter(pk=states["succeeded"]).exists()
+
+
+def test_delete_finished_uses_the_pruning_rule(states: dict[str, int]) -> None:
+    """One rule for both: what the action deletes is what pruning calls finished."""
+    from django_leasejobs import pruning
+
+    deletable = set(Job.objects.filter(pruning.finished()).values_list("pk", flat=True))
+    assert deletable == {states[s] for s in ("succeeded", "failed", "dead", "cancelled")}
+    with pytest.raises(ValueError, match="not finished"):
+        pruning.finished((JobStatus.SUCCEEDED, JobStatus.RUNNING))
+
+
+def test_delete_finished_on_a_running_job_is_skipped_without_asking(
     admin_client: Client, states: dict[str, int]
 ) -> None:
     response = post_action(admin_client, "delete_finished", [states["expired"]])
+    assert response.status_code == 302
     assert messages_of(response) == [
         "Deleted 0 jobs. Skipped 1: 1 not finished (pending or running)."
     ]
@@ -783,7 +857,15 @@ def test_delete_finished_on_a_running_job_is_skipped(
 def test_delete_finished_across_all_selects_only_finished(
     admin_client: Client, states: dict[str, int]
 ) -> None:
-    response = post_action(admin_client, "delete_finished", [states["pending"]], select_across="1")
+    asked = post_action(admin_client, "delete_finished", [states["pending"]], select_across="1")
+    assert asked.status_code == 200
+    assert b'name="select_across" value="1"' in asked.content
+    assert b"delete 4 finished jobs" in asked.content
+    assert b"5 selected jobs are not finished" in asked.content
+    assert Job.objects.count() == len(states)
+
+    response = confirm_delete(admin_client, [states["pending"]], select_across="1")
+
     assert messages_of(response) == [
         "Deleted 4 jobs. Skipped 5: 5 not finished (pending or running)."
     ]
@@ -791,6 +873,51 @@ def test_delete_finished_across_all_selects_only_finished(
     assert remaining == {
         states[s] for s in ("running", "expired", "cancel_requested", "scheduled", "pending")
     }
+
+
+def test_delete_finished_confirmation_keeps_the_filters(
+    admin_client: Client, states: dict[str, int]
+) -> None:
+    """The page's form posts back to the same address: a filtered "select all" stays filtered."""
+    url = f"{CHANGELIST}?queue=low"
+    data = {"action": "delete_finished", "_selected_action": [str(states["dead"])]}
+    asked = admin_client.post(url, {**data, "index": "0", "select_across": "1"})
+    assert b"delete 1 finished job, with its attempts?" in asked.content
+    assert b'<form method="post">' in asked.content  # no action attribute: same address
+
+    admin_client.post(url, {**data, "select_across": "1", "post": "yes"})
+
+    assert not Job.objects.filter(pk=states["dead"]).exists()
+    assert Job.objects.filter(pk=states["succeeded"]).exists()
+
+
+def test_delete_finished_confirmation_needs_the_csrf_token(admin_user: User) -> None:
+    job_id = succeeded_job()
+    client = client_for(admin_user, enforce_csrf_checks=True)
+    assert client.get(CHANGELIST).status_code == 200  # sets the CSRF cookie
+    token = client.cookies["csrftoken"].value
+    asked = post_action(client, "delete_finished", [job_id], csrfmiddlewaretoken=token)
+    assert asked.status_code == 200
+
+    assert confirm_delete(client, [job_id]).status_code == 403
+    assert Job.objects.filter(pk=job_id).exists()
+
+    assert confirm_delete(client, [job_id], csrfmiddlewaretoken=token).status_code == 302
+    assert not Job.objects.filter(pk=job_id).exists()
+
+
+def test_delete_finished_confirmation_without_the_permission_is_refused(
+    states: dict[str, int],
+) -> None:
+    others = [p for p in ACTION_PERMISSIONS.values() if p != "purge_job"]
+    client = client_for(staff_user("view_job", *others))
+
+    response = confirm_delete(client, [states["succeeded"]])
+
+    assert response.status_code == 302
+    assert messages_of(response) == ["No action selected."]
+    assert Job.objects.filter(pk=states["succeeded"]).exists()
+    assert not LogEntry.objects.exists()
 
 
 def action_target() -> dict[str, int]:
@@ -814,7 +941,7 @@ def test_action_works_with_only_its_permission(action: str, perm: str) -> None:
     client = client_for(staff_user("view_job", perm))
 
     assert action_names(client.get(CHANGELIST)) == [action]
-    response = post_action(client, action, [job_id])
+    response = run_action(client, action, [job_id])
 
     assert response.status_code == 302
     [message] = messages_of(response)
@@ -845,7 +972,7 @@ def test_action_without_its_permission_is_not_offered_and_does_not_run(
     offered = action_names(client.get(CHANGELIST))
     assert action not in offered
     assert len(offered) == 3
-    response = post_action(client, action, [job_id])
+    response = run_action(client, action, [job_id])  # and the confirmation's POST
 
     assert response.status_code in (200, 302, 403)
     if response.status_code == 302:
@@ -864,7 +991,7 @@ def test_view_only_staff_gets_no_actions(action: str) -> None:
     page = client.get(CHANGELIST)
     assert shown_ids(page) == set(targets.values())
     assert action_names(page) == []
-    response = post_action(client, action, [job_id])
+    response = run_action(client, action, [job_id])
 
     assert response.status_code in (200, 302, 403)
     assert Job.objects.values().get(pk=job_id) == before

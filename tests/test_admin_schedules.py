@@ -128,7 +128,7 @@ def log_entries(flag: int = CHANGE) -> list[LogEntry]:
 
 
 def listed_states(response: HttpResponse) -> dict[str, str]:
-    from django_leasejobs.schedule_admin import state_of
+    from django_leasejobs.admin.schedules import state_of
 
     assert response.status_code == 200, response.status_code
     return {r.name: state_of(r).view.state for r in response.context["cl"].result_list}

@@ -21,21 +21,21 @@ from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from .admin import ActionReport, FilterSafeAdmin, _status_badge, pretty_json
-from .backend import LeaseJobsBackend
-from .compat import task_backends
-from .exceptions import UnknownTask
-from .leases import database_now
-from .models import Job, Schedule, ScheduleRun
-from .schedules import operations, transitions
-from .schedules.operations import ScheduleView, UnknownSchedule
-from .schedules.spec import ScheduleSpec
-from .templatetags.leasejobs_admin import seconds
+from ..backend import LeaseJobsBackend
+from ..compat import task_backends
+from ..exceptions import UnknownTask
+from ..leases import database_now
+from ..models import Job, Schedule, ScheduleRun
+from ..schedules import operations, transitions
+from ..schedules.operations import ScheduleView, UnknownSchedule
+from ..schedules.spec import ScheduleSpec
+from ..templatetags.leasejobs_admin import seconds
+from .display import pretty_json, status_badge, when
+from .filter_safety import FilterSafeAdmin
+from .reports import ActionReport
 
 RECENT_RUNS = 20
 NEXT_RUNS = 5
@@ -101,7 +101,8 @@ def attach_states(rows: Iterable[Schedule]) -> None:
         mine = [row for row in rows if row.backend == alias]
         if backend is None:
             for row in mine:
-                setattr(row, _STATE_ATTR, RowState(_removed_view(row), None, timezone.now()))
+                now = database_now(row._state.db or "default")
+                setattr(row, _STATE_ATTR, RowState(_removed_view(row), None, now))
             continue
         now = database_now(backend.database)
         views = {view.name: view for view in operations.overview(alias, now=now)}
@@ -115,20 +116,6 @@ def state_of(row: Schedule) -> RowState:
     if not hasattr(row, _STATE_ATTR):
         attach_states([row])
     return cast(RowState, getattr(row, _STATE_ATTR))
-
-
-def when(moment: datetime | None, now: datetime) -> str:
-    """An instant for people: the admin's date format, and how far from now ("in 5m")."""
-    if moment is None:
-        return "-"
-    delta = (moment - now).total_seconds()
-    relative = (gettext("in %s") if delta >= 0 else gettext("%s ago")) % seconds(delta)
-    return format_html(
-        '<time datetime="{}">{}</time> <small>({})</small>',
-        moment.isoformat(),
-        display_for_value(moment, "-"),
-        relative,
-    )
 
 
 class ScheduleChangeList(ChangeList):
@@ -337,7 +324,7 @@ class ScheduleAdmin(FilterSafeAdmin):
         if status is None:
             return format_html("#{} <small>({})</small>", job_id, _("deleted"))
         url = reverse(f"{self.admin_site.name}:django_leasejobs_job_change", args=[job_id])
-        return format_html('<a href="{}">#{}</a> {}', url, job_id, _status_badge(status))
+        return format_html('<a href="{}">#{}</a> {}', url, job_id, status_badge(status))
 
     # -- actions ------------------------------------------------------------------
 

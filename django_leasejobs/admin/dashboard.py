@@ -1,0 +1,99 @@
+"""The queue dashboard: a view (at two addresses) with its cards, tables and chart.
+
+It reads everything through ``stats.collect`` on the database's clock, and refreshes in
+place (``static/django_leasejobs/dashboard.js`` fetches ``?fragment=1``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.translation import gettext_lazy as _
+
+from .. import stats
+from ..models import Job, QueueDashboard
+from .clock import online_after
+
+DASHBOARD_REFRESH_SECONDS = 5
+
+
+def chart_bars(
+    per_minute: list[stats.MinuteCount], width: int = 600, height: int = 120
+) -> dict[str, Any]:
+    """Geometry of the per-minute succeeded/failed bar chart (rendered as SVG)."""
+    peak = max([m.succeeded + m.failed for m in per_minute] + [1])
+    slot = width / max(len(per_minute), 1)
+    bars = []
+    for i, minute in enumerate(per_minute):
+        ok_h = minute.succeeded / peak * height
+        fail_h = minute.failed / peak * height
+        bars.append(
+            {
+                "x": round(i * slot + 1, 1),
+                "w": round(max(slot - 2, 1), 1),
+                "ok_y": round(height - ok_h, 1),
+                "ok_h": round(ok_h, 1),
+                "fail_y": round(height - ok_h - fail_h, 1),
+                "fail_h": round(fail_h, 1),
+                "label": (
+                    f"{minute.minute:%H:%M} succeeded {minute.succeeded}, failed {minute.failed}"
+                ),
+            }
+        )
+    return {"bars": bars, "width": width, "height": height, "peak": peak}
+
+
+def dashboard_response(site: admin.AdminSite, request: HttpRequest) -> HttpResponse:
+    from .schedules import dashboard_panel
+
+    database = Job.objects.db
+    health = stats.collect(using=database, online_after=online_after())
+    context = {
+        **site.each_context(request),
+        "title": _("Queue dashboard"),
+        "health": health,
+        "totals": health.totals,
+        "chart": chart_bars(health.per_minute),
+        "schedules": dashboard_panel(),
+        "refresh_seconds": DASHBOARD_REFRESH_SECONDS,
+        "job_changelist": reverse(f"{site.name}:django_leasejobs_job_changelist"),
+        "opts": Job._meta,
+    }
+    template = (
+        "django_leasejobs/admin/dashboard_body.html"
+        if request.GET.get("fragment")
+        else "django_leasejobs/admin/dashboard.html"
+    )
+    return TemplateResponse(request, template, context)
+
+
+@admin.register(QueueDashboard)
+class QueueDashboardAdmin(admin.ModelAdmin):
+    """Puts "Queue dashboard" in the app's list on the admin index; staff with view access."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_active and request.user.is_staff) and (
+            request.user.has_perm("django_leasejobs.view_job")
+        )
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return dashboard_response(self.admin_site, request)

@@ -1,0 +1,422 @@
+"""The job admin: the list, the read-only job page with its attempts, and the actions.
+
+Rows are never hand-edited: every change goes through an action that calls the lease
+protocol (``leases.retry``, ``leases.cancel``) or pruning's one rule for deleting
+finished jobs, each action gated by its own permission, reported with a message and
+recorded as an admin log entry. Deleting asks first, on a confirmation page.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, cast
+
+from django.contrib import admin
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
+
+from .. import leases, pruning
+from ..models import Job, JobAttempt, JobStatus
+from ..templatetags.leasejobs_admin import seconds
+from .clock import now_of, with_database_now
+from .dashboard import dashboard_response
+from .display import pretty_json, relative, status_badge
+from .filter_safety import FilterSafeAdmin
+from .filters import HasErrorsFilter, QueueFilter, TaskFilter, WorkerFilter
+from .reports import ActionReport
+
+CONFIRMATION_SHOWS = 100
+"""Jobs the delete confirmation lists by name (it counts them all)."""
+
+
+class JobAttemptInline(admin.TabularInline):
+    model = JobAttempt
+    extra = 0
+    can_delete = False
+    ordering = ("attempt",)
+    fields = (
+        "attempt",
+        "outcome",
+        "worker",
+        "started_at",
+        "finished_at",
+        "error",
+        "decision",
+        "trace",
+    )
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Attempts are part of a job's history: whoever may view jobs sees them.
+        return request.user.has_perm("django_leasejobs.view_job")
+
+    @admin.display(description=_("error"))
+    def error(self, attempt: JobAttempt) -> str:
+        return format_html("<code>{}</code><br>{}", attempt.error_class, attempt.error_message)
+
+    @admin.display(description=_("traceback"))
+    def trace(self, attempt: JobAttempt) -> str:
+        if not attempt.traceback:
+            return "-"
+        return format_html(
+            '<details><summary>{}</summary><pre class="leasejobs-traceback">{}</pre></details>',
+            _("show"),
+            attempt.traceback,
+        )
+
+
+class CappedCountPaginator(Paginator):
+    """Counts at most CAP rows: COUNT(*) over a million jobs costs more than the page."""
+
+    CAP = 10_000
+
+    @cached_property
+    def count(self) -> int:
+        rows: Any = self.object_list
+        if isinstance(rows, QuerySet):
+            return rows.values("pk").order_by()[: self.CAP + 1].count()
+        return len(rows)
+
+
+@admin.register(Job)
+class JobAdmin(FilterSafeAdmin):
+    # Narrow enough for 1280 px with the navigation sidebar open: the lease holder and
+    # its time left fold into the status, stalls into the attempts, the times into one
+    # "when"; the rest is on the job's page.
+    list_display = (
+        "id",
+        "task_name",
+        "status_badge",
+        "queue",
+        "priority",
+        "attempts_display",
+        "progress_display",
+        "when",
+    )
+    list_display_links = ("id", "task_name")
+    list_filter = ("status", QueueFilter, TaskFilter, HasErrorsFilter, WorkerFilter)
+    paginator = CappedCountPaginator
+    search_fields = ("task_path", "=key")
+    search_help_text = _("Job id, dedup key, or part of the task path.")
+
+    class Media:
+        css = {"all": ["django_leasejobs/admin.css"]}
+
+    ordering = ("-id",)
+    list_per_page = 50
+    show_full_result_count = False  # no COUNT(*) over the whole table
+    inlines = (JobAttemptInline,)
+    actions = ("retry_now", "cancel_jobs", "requeue_dead", "delete_finished")
+    fieldsets = (
+        (None, {"fields": ("task_path", "status_badge", "queue", "priority", "backend", "key")}),
+        (
+            _("Arguments and results"),
+            {"fields": ("args_json", "kwargs_json", "result_json", "checkpoint_json")},
+        ),
+        (
+            _("Attempts and lease"),
+            {
+                "fields": (
+                    "attempts_display",
+                    "snoozes",
+                    "stall_count",
+                    "max_stalls",
+                    "timeout",
+                    "locked_by",
+                    "lease_left",
+                    "heartbeat_at",
+                    "last_worker",
+                    "cancel_requested",
+                    "progress_display",
+                    "last_error_display",
+                )
+            },
+        ),
+        (
+            _("Times"),
+            {
+                "fields": (
+                    "enqueued_at",
+                    "run_after",
+                    "started_at",
+                    "last_attempted_at",
+                    "finished_at",
+                )
+            },
+        ),
+    )
+    # Every field shown is read only: the job page is a view, never a form.
+    readonly_fields = tuple(
+        cast(str, name) for _, options in fieldsets for name in options["fields"]
+    )
+
+    # -- read only ----------------------------------------------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # finished jobs are deleted by the permission-gated action only
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        return with_database_now(super().get_queryset(request))
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        term = search_term.strip().lstrip("#")
+        if term.isascii() and term.isdecimal() and len(term) < 19:
+            return queryset.filter(pk=int(term)), False
+        return super().get_search_results(request, queryset, search_term)
+
+    # -- columns ------------------------------------------------------------------
+
+    @admin.display(description=_("task"), ordering="task_path")
+    def task_name(self, job: Job) -> str:
+        module, _dot, name = job.task_path.rpartition(".")
+        return format_html('<span title="{}">{}</span>', job.task_path, name or module)
+
+    @admin.display(description=_("status"), ordering="status")
+    def status_badge(self, job: Job) -> str:
+        badge = status_badge(job.status)
+        if job.status != JobStatus.RUNNING:
+            return badge
+        holder = format_html(
+            '<small class="leasejobs-holder">{} · {}</small>',
+            job.locked_by or "-",
+            self.lease_left(job),
+        )
+        if job.cancel_requested:
+            return format_html("{} <small>{}</small> {}", badge, _("cancel requested"), holder)
+        return format_html("{} {}", badge, holder)
+
+    @admin.display(description=_("attempt"))
+    def attempts_display(self, job: Job) -> str:
+        attempts = f"{job.attempt}/{job.max_attempts}"
+        if not job.stall_count:
+            return attempts
+        return format_html(
+            '{} <small class="leasejobs-quiet">({} {})</small>',
+            attempts,
+            job.stall_count,
+            _("stalled"),
+        )
+
+    @admin.display(description=_("lease left"))
+    def lease_left(self, job: Job) -> str:
+        if job.status != JobStatus.RUNNING or job.locked_until is None:
+            return "-"
+        left = (job.locked_until - now_of(job)).total_seconds()
+        if left < 0:
+            return format_html('<span class="leasejobs-expired">{}</span>', _("expired"))
+        return format_html("{} {}", seconds(left), _("left"))
+
+    @admin.display(description=_("progress"))
+    def progress_display(self, job: Job) -> str:
+        if job.progress is None:
+            return "-"
+        bar = format_html(
+            '<progress value="{}" max="1"></progress> {}%',
+            f"{job.progress:.3f}",
+            f"{job.progress * 100:.0f}",
+        )
+        if not job.progress_message:
+            return bar
+        if job.status == JobStatus.RUNNING:
+            return format_html("{} {}", bar, job.progress_message)
+        # Not running: what its last attempt said, not what is happening now.
+        return format_html(
+            '{} <small class="leasejobs-quiet">{} {}</small>',
+            bar,
+            _("last reported:"),
+            job.progress_message,
+        )
+
+    @admin.display(description=_("when"))
+    def when(self, job: Job) -> str:
+        """The moment that matters for the job's status, relative to the database's time;
+        every time in the tooltip."""
+        now = now_of(job)
+        moment: datetime | None
+        if job.status == JobStatus.PENDING and job.run_after > now:
+            label, moment = _("runs"), job.run_after
+        elif job.status == JobStatus.PENDING:
+            label, moment = _("enqueued"), job.enqueued_at
+        elif job.status == JobStatus.RUNNING:
+            label, moment = _("started"), job.last_attempted_at or job.started_at
+        else:
+            label, moment = _("finished"), job.finished_at
+        if moment is None:
+            return "-"
+        times = [
+            (_("enqueued"), job.enqueued_at),
+            (_("started"), job.started_at),
+            (_("finished"), job.finished_at),
+        ]
+        title = ", ".join(f"{name} {value:%Y-%m-%d %H:%M:%S}" for name, value in times if value)
+        return format_html(
+            '<span title="{} (UTC)">{} {}</span>', title, label, relative(moment, now)
+        )
+
+    @admin.display(description=_("arguments"))
+    def args_json(self, job: Job) -> str:
+        return pretty_json(job.args)
+
+    @admin.display(description=_("keyword arguments"))
+    def kwargs_json(self, job: Job) -> str:
+        return pretty_json(job.kwargs)
+
+    @admin.display(description=_("result"))
+    def result_json(self, job: Job) -> str:
+        return pretty_json(job.result) if job.status == JobStatus.SUCCEEDED else "-"
+
+    @admin.display(description=_("checkpoint"))
+    def checkpoint_json(self, job: Job) -> str:
+        return pretty_json(job.checkpoint) if job.checkpoint is not None else "-"
+
+    @admin.display(description=_("last error"))
+    def last_error_display(self, job: Job) -> str:
+        if not job.last_error:
+            return "-"
+        return format_html('<pre class="leasejobs-error">{}</pre>', job.last_error)
+
+    # -- actions ------------------------------------------------------------------
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_leasejobs.retry_job")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_leasejobs.cancel_job")
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_leasejobs.requeue_job")
+
+    def has_purge_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_leasejobs.purge_job")
+
+    def _retry(
+        self, request: HttpRequest, queryset: QuerySet[Job], statuses: list[str], verb: str
+    ) -> None:
+        report = ActionReport(self, request, verb)
+        for job in queryset.only("id", "status", "backend", "task_path"):
+            try:  # written to the database of the job's backend, whatever the admin reads
+                result = leases.retry(job.pk, statuses=statuses, backend=job.backend)
+            except ValueError:
+                report.skip("because their task backend is not configured any more")
+                continue
+            if result == leases.RetryResult.RETRIED:
+                report.done(job, f"{verb} (was {job.status})")
+            elif result == leases.RetryResult.KEY_TAKEN:
+                report.skip("because another active job holds their dedup key")
+            else:
+                report.skip(f"not {' or '.join(statuses)}")
+        report.send()
+
+    @admin.action(description=_("Retry now (failed or dead jobs)"), permissions=["retry"])
+    def retry_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._retry(request, queryset, [JobStatus.FAILED, JobStatus.DEAD], "Retried")
+
+    @admin.action(description=_("Requeue dead letters"), permissions=["requeue"])
+    def requeue_dead(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._retry(request, queryset, [JobStatus.DEAD], "Requeued")
+
+    @admin.action(
+        description=_("Cancel (pending: now; running: the worker stops it)"), permissions=["cancel"]
+    )
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        report = ActionReport(self, request, "Cancelled")
+        for job in queryset.only("id", "status", "backend", "task_path"):
+            try:
+                result = leases.cancel(job.pk, backend=job.backend)
+            except ValueError:
+                report.skip("because their task backend is not configured any more")
+                continue
+            if result == leases.CancelResult.CANCELLED:
+                report.done(job, "Cancelled (was pending)")
+            elif result == leases.CancelResult.REQUESTED:
+                report.done(job, "Cancel requested (running; its worker stops it)")
+            else:
+                report.skip("already finished or already being cancelled")
+        report.send()
+
+    @admin.action(description=_("Delete finished jobs"), permissions=["purge"])
+    def delete_finished(
+        self, request: HttpRequest, queryset: QuerySet[Job]
+    ) -> TemplateResponse | None:
+        """Ask first (a confirmation page, as Django's own *delete selected*), then delete
+        the selected jobs that are finished by pruning's rule, logging each one."""
+        unfinished = queryset.exclude(pruning.finished()).count()
+        if request.POST.get("post") != "yes":
+            finished = queryset.filter(pruning.finished())
+            count = finished.count()
+            if count:
+                return self.delete_finished_confirmation(request, finished, count, unfinished)
+        report = ActionReport(self, request, "Deleted")
+        if request.POST.get("post") == "yes":
+            report.changed, _batches = pruning.delete_finished(
+                queryset, before_delete=lambda jobs: self.log_deletions(request, jobs)
+            )
+        if unfinished:
+            report.skipped["not finished (pending or running)"] = unfinished
+        report.send()
+        return None
+
+    def delete_finished_confirmation(
+        self, request: HttpRequest, finished: QuerySet[Job], count: int, unfinished: int
+    ) -> TemplateResponse:
+        """The page that asks; its form sends the same selection back with ``post=yes``."""
+        shown = list(finished.order_by("-id")[:CONFIRMATION_SHOWS])
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Delete finished jobs?"),
+            "opts": self.opts,
+            "jobs": shown,
+            "count": count,
+            "more": count - len(shown),
+            "unfinished": unfinished,
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "media": self.media,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(
+            request, "admin/django_leasejobs/job/delete_finished_confirmation.html", context
+        )
+
+    # -- dashboard ------------------------------------------------------------------
+
+    def get_urls(self) -> list[Any]:
+        from django.urls import path
+
+        urls = super().get_urls()
+        info = (self.opts.app_label, self.opts.model_name)
+        return [
+            path(
+                "dashboard/",
+                self.admin_site.admin_view(self.dashboard_view),
+                name="{}_{}_dashboard".format(*info),
+            ),
+            *urls,
+        ]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return dashboard_response(self.admin_site, request)
