@@ -135,3 +135,21 @@ def progress_anywhere(context: Any) -> str:
     if set_progress is not None:
         set_progress(0.5, "half way")
     return "done"
+
+
+@task(takes_context=True, max_attempts=3)
+def cancel_requested_then_returns(context: JobContext) -> str:
+    """Asks for its own cancel and returns without reporting progress: the worker (here,
+    the kit) never saw the request, so the success stands."""
+    leases.cancel(context.job_id)
+    return "done before the cancel was seen"
+
+
+@task(takes_context=True, timeout=0.01, max_attempts=1)
+def reports_progress_past_timeout(context: JobContext) -> str:
+    seen = SEEN.setdefault(context.job_id, {})
+    seen["lost before"] = context.lease_lost
+    time.sleep(0.05)  # the work itself: longer than the task's timeout
+    context.set_progress(0.9, "almost")
+    seen["lost after"] = context.lease_lost
+    return "too late"

@@ -146,6 +146,21 @@ class RunJobsTests(LeaseJobsTestMixin, TestCase):
         self.assertEqual(run.decision, "not retried: cancelled while it ran")
         self.assertEqual(Job.objects.get(pk=result.id).status, "cancelled")
 
+    def test_a_cancel_not_seen_lets_a_success_stand(self) -> None:
+        result = kit_tasks.cancel_requested_then_returns.enqueue()
+        [run] = self.run_jobs()
+        self.assertEqual((run.status, run.result), ("succeeded", "done before the cancel was seen"))
+        job = Job.objects.get(pk=result.id)
+        self.assertEqual((job.status, job.cancel_requested), ("succeeded", False))
+
+    def test_progress_after_the_timeout_flags_lease_lost(self) -> None:
+        result = kit_tasks.reports_progress_past_timeout.enqueue()
+        [run] = self.run_jobs()
+        seen = kit_tasks.SEEN[int(result.id)]
+        self.assertEqual((seen["lost before"], seen["lost after"]), (False, True))
+        self.assertEqual((run.status, run.outcome, run.result), ("failed", "timeout", None))
+        self.assertEqual(Job.objects.get(pk=result.id).progress, 0.9)
+
     def test_a_cancelled_pending_job_never_runs(self) -> None:
         result = kit_tasks.multiply.enqueue(1, 2)
         self.assertEqual(leases.cancel(int(result.id)), CancelResult.CANCELLED)

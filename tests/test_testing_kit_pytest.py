@@ -5,6 +5,7 @@ DummyBackend next to the kit (docs/testing.md)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -195,7 +196,8 @@ def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     paths = [str(REPO_ROOT), str(REPO_ROOT / "testproject")]
-    env.update(PYTHONPATH=os.pathsep.join(paths), **extra)
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.update(extra)
     return env
 
 
@@ -268,3 +270,62 @@ def test_plugin_loaded_with_dash_p(tmp_path: Path) -> None:
     assert "1 failed, 1 passed" in done.stdout, done.stdout + done.stderr
     assert "Expected 1 pending job(s) of tests.tasks_testing_kit.multiply, found 0." in done.stdout
     assert "tests.tasks_testing_kit.low_priority_work('here') queue='low'" in done.stdout
+
+
+# -- docs/testing.md, run as written ---------------------------------------------------------
+
+GUIDE_BLOCK = re.compile(r"<!-- testing-doc: (write|append) (\S+) -->\n```python\n(.*?)```", re.S)
+
+
+def test_the_guide_runs_as_written(tmp_path: Path) -> None:
+    """Builds the guide's ``myapp`` and its tests from its marked blocks (settings,
+    tasks, the enqueuing code, pytest and TestCase tests) and runs them in a pytest of
+    their own, with the plugin loaded by ``-p``."""
+    blocks = GUIDE_BLOCK.findall((REPO_ROOT / "docs" / "testing.md").read_text())
+    assert len(blocks) >= 6
+    (tmp_path / "myapp").mkdir()
+    (tmp_path / "myapp" / "__init__.py").write_text("")
+    (tmp_path / "settings.py").write_text(
+        "from tests.settings import *  # noqa: F403\n"
+        "INSTALLED_APPS = [*INSTALLED_APPS, 'myapp']  # noqa: F405\n"
+    )
+    for mode, path, code in blocks:
+        target = tmp_path / path
+        if mode == "write":
+            assert not target.exists(), f"{path} written twice"
+            target.write_text(code)
+        else:
+            target.write_text(target.read_text() + "\n\n" + code)
+    test_files = sorted(p.name for p in tmp_path.glob("test_*.py"))
+    expected = sum(
+        len(re.findall(r"^\s*def test_", (tmp_path / name).read_text(), re.M))
+        for name in test_files
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "django_leasejobs.testing.pytest_plugin",
+            "-p",
+            "no:cacheprovider",
+            "--ds=settings",
+            "--rootdir",
+            str(tmp_path),
+            "-q",
+            *test_files,
+        ],
+        env=_env(
+            DATABASE_URL=f"sqlite:///{tmp_path / 'outer.sqlite3'}",
+            PYTHONPATH=os.pathsep.join(
+                [str(tmp_path), str(REPO_ROOT), str(REPO_ROOT / "testproject")]
+            ),
+        ),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{expected} passed" in done.stdout, done.stdout
