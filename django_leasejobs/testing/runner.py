@@ -40,6 +40,9 @@ FINAL_STATUSES = frozenset(
 
 TIMEOUT_ERROR_CLASS = "django_leasejobs.exceptions.JobTimeout"
 
+_savepoint_create = getattr(transaction, "savepoint_create", None) or transaction.savepoint
+"""``savepoint_create`` on Django 6.1+, which deprecates ``savepoint``."""
+
 
 @dataclass(frozen=True, slots=True)
 class JobRun:
@@ -198,7 +201,7 @@ def _run_attempt(job: ClaimedJob, backend: LeaseJobsBackend, worker_id: str) -> 
         started = running_result(job, task, backend.alias, worker_id)
         task_started.send_robust(type(backend), task_result=started)
     connection = connections[using]
-    savepoint = transaction.savepoint(using=using) if connection.in_atomic_block else None
+    savepoint = _savepoint_create(using=using) if connection.in_atomic_block else None
     outcome = execute(
         JobSpec(job=job, worker_id=worker_id, backend=backend.alias, database=using),
         progress_sink=attempt.progress,
