@@ -3,6 +3,7 @@ also run the demo's schedules), stop."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -144,3 +145,74 @@ def test_demo_schedules_are_declared_for_the_demo_only_pass_the_checks_and_enque
     assert ping.kwargs == {"label": "every 10 seconds"}
     assert Job.objects.get(pk=enqueued["demo-queue-report"].job_id).queue == "default"
     assert run_pass(backend, now=on_its_tick, specs=specs).enqueued == ()  # once per tick
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGKILL], ids=["sighup", "sigkill"])
+def test_demo_workers_stops_its_workers_on_sighup_and_when_killed(
+    subprocess_env: dict[str, str], signum: signal.Signals
+) -> None:
+    # SIGHUP (its terminal closed) stops the workers like SIGTERM. SIGKILL gives the
+    # supervisor no say: its workers run in sessions of their own, and stop because they
+    # asked Linux for a SIGTERM when their parent dies (PR_SET_PDEATHSIG).
+    if signum == signal.SIGKILL and not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux only")
+    env = {**subprocess_env, "LEASEJOBS_TEST_OPTIONS": json.dumps(FAST_OPTIONS)}
+    supervisor = subprocess.Popen(
+        [sys.executable, str(MANAGE_PY), "demo_workers", "--workers", "2", "--concurrency", "2"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    supervisor_process = psutil.Process(supervisor.pid)
+    processes: list[psutil.Process] = []
+    try:
+        wait_until(
+            lambda: (
+                WorkerRow.objects.filter(state="running", id__startswith="demo-worker-").count()
+                >= 2
+            ),
+            timeout=60,
+            what="two demo workers registered",
+        )
+        workers = supervisor_process.children()
+        assert len(workers) == 2
+        processes = [p for w in workers for p in (w, *w.children(recursive=True))]
+        assert len(processes) >= 6  # two workers, two slots each
+        supervisor.send_signal(signum)
+        wait_until(
+            lambda: not any(_alive(p) for p in processes),
+            timeout=60,
+            what="the demo workers and their slots to exit",
+        )
+        assert supervisor.wait(timeout=30) == (0 if signum == signal.SIGHUP else -signal.SIGKILL)
+        # Graceful: each worker deregistered.
+        rows = WorkerRow.objects.filter(pid__in=[w.pid for w in workers])
+        assert sorted(rows.values_list("state", flat=True)) == ["stopped", "stopped"]
+    finally:
+        for process in [supervisor_process, *processes]:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        supervisor.wait(timeout=10)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def test_demo_enqueue_superuser_creates_admin_once(run_manage: Any) -> None:
+    from django.contrib.auth import get_user_model
+
+    first = run_manage(["demo_enqueue", "--quick", "0", "--superuser"], timeout=60)
+    assert first.returncode == 0, first.stderr
+    assert "created superuser admin (password: admin)" in first.stdout
+    again = run_manage(["demo_enqueue", "--quick", "0", "--superuser"], timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert "superuser admin already exists" in again.stdout
+    admin = get_user_model().objects.get(username="admin")
+    assert admin.is_superuser
+    assert admin.check_password("admin")

