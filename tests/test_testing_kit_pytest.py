@@ -272,6 +272,59 @@ def test_plugin_loaded_with_dash_p(tmp_path: Path) -> None:
     assert "tests.tasks_testing_kit.low_priority_work('here') queue='low'" in done.stdout
 
 
+@pytest.mark.parametrize(
+    ("entry_point", "works"),
+    [("django_leasejobs.testing.pytest_plugin", True), ("leasejobs", False)],
+)
+def test_entry_point_name_and_dash_p(tmp_path: Path, entry_point: str, works: bool) -> None:
+    """The pytest11 entry point pyproject.toml should declare: named after the module, it
+    lets ``-p`` (and ``pytest_plugins``) name the plugin too; under a short name pytest
+    refuses the module's second registration. A distribution of its own on PYTHONPATH
+    stands in for the installed package's entry point."""
+    site = tmp_path / "site"
+    info = site / "leasejobs_entry_point-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: leasejobs-entry-point\nVersion: 1.0\n"
+    )
+    (info / "entry_points.txt").write_text(
+        f"[pytest11]\n{entry_point} = django_leasejobs.testing.pytest_plugin\n"
+    )
+    (tmp_path / "test_it.py").write_text(
+        "def test_kit(leasejobs):\n    assert leasejobs.run_jobs() == []\n"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "django_leasejobs.testing.pytest_plugin",
+            "-p",
+            "no:cacheprovider",
+            "--ds=tests.settings",
+            "--rootdir",
+            str(tmp_path),
+            "-q",
+            "test_it.py",
+        ],
+        env=_env(
+            DATABASE_URL=f"sqlite:///{tmp_path / 'outer.sqlite3'}",
+            PYTHONPATH=os.pathsep.join([str(site), str(REPO_ROOT), str(REPO_ROOT / "testproject")]),
+        ),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = done.stdout + done.stderr
+    if works:
+        assert done.returncode == 0 and "1 passed" in done.stdout, output
+    else:
+        assert done.returncode != 0
+        assert "Plugin already registered under a different name" in output, output
+
+
 # -- docs/testing.md, run as written ---------------------------------------------------------
 
 GUIDE_BLOCK = re.compile(r"<!-- testing-doc: (write|append) (\S+) -->\n```python\n(.*?)```", re.S)

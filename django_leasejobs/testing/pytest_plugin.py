@@ -1,7 +1,9 @@
 """pytest plugin: the ``leasejobs`` fixture (docs/testing.md).
 
-Register it with ``-p django_leasejobs.testing.pytest_plugin``, ``pytest_plugins`` in
-your root ``conftest.py``, or through the package's ``pytest11`` entry point. pytest loads
+The package's ``pytest11`` entry point registers it under this module's dotted name, so
+``-p django_leasejobs.testing.pytest_plugin`` or ``pytest_plugins`` in a root
+``conftest.py`` (where autoloading is off) find it already loaded instead of registering
+the module a second time, which pytest refuses. pytest loads
 plugins before pytest-django configures Django, so this module imports nothing that needs
 settings (no model, no app registry) until a test asks for the fixture. The fixture needs
 pytest-django (its ``db`` fixture).
