@@ -15,9 +15,10 @@
 # virtualenv is upgraded first. A second call with nothing changed runs no pip at all: after
 # a successful install, the stamp file $VENV/.leasejobs-install.json records what it
 # installed (a hash of pyproject.toml, EXTRA_PIP, the Python version, the repository it
-# points at, and the groups installed under those). When they still match, the group's
-# distributions are all present and the package imports from this checkout, pip is
-# skipped; a changed pyproject.toml (or EXTRA_PIP, or interpreter) installs again.
+# points at, and the groups installed under those, with the groups they include: after
+# `dev`, `test` needs nothing). When they still match, the group's distributions are all
+# present and the package imports from this checkout, pip is skipped; a changed
+# pyproject.toml (or EXTRA_PIP, or interpreter) installs again.
 
 # The stamp's reader and writer: python -I -c "$_LEASEJOBS_STAMP_PY" check|write REPO GROUP STAMP.
 # Runs with -I (isolated: the current directory is not on sys.path), so the import check
@@ -46,7 +47,17 @@ except (OSError, ValueError):
 same_key = stamp.get("key") == key
 
 if mode == "write":
-    groups = sorted(set(stamp.get("groups", []) if same_key else []) | {group})
+    import tomllib
+
+    # The groups this one includes are installed with it (dev holds test).
+    table = tomllib.loads(raw.decode())["dependency-groups"]
+    done, todo = set(), [group]
+    while todo:
+        name = todo.pop()
+        if name not in done:
+            done.add(name)
+            todo += [i["include-group"] for i in table[name] if isinstance(i, dict)]
+    groups = sorted(set(stamp.get("groups", []) if same_key else []) | done)
     with open(stamp_path + ".tmp", "w") as f:
         json.dump({"key": key, "groups": groups}, f, indent=1)
     os.replace(stamp_path + ".tmp", stamp_path)
