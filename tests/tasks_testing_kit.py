@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
 
 from django_leasejobs import Retry, leases, task
@@ -153,3 +154,10 @@ def reports_progress_past_timeout(context: JobContext) -> str:
     context.set_progress(0.9, "almost")
     seen["lost after"] = context.lease_lost
     return "too late"
+
+
+@task(takes_context=True)
+async def async_double(context: JobContext, value: int) -> dict[str, int]:
+    context.set_progress(0.5, "doubling")  # no database call: sent after the attempt
+    await sync_to_async(context.save_checkpoint)({"value": value})  # a database call
+    return {"value": value * 2, "attempt": context.attempt}

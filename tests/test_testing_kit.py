@@ -238,6 +238,13 @@ class RunJobsTests(LeaseJobsTestMixin, TestCase):
         self.assertEqual(JobAttempt.objects.get(job_id=result.id).outcome, "error")
         self.assertTrue(User.objects.filter(username="taken").exists())
 
+    def test_async_task(self) -> None:
+        result = kit_tasks.async_double.enqueue(21)
+        [run] = self.run_jobs()
+        self.assertEqual((run.status, run.result), ("succeeded", {"value": 42, "attempt": 1}))
+        job = Job.objects.get(pk=result.id)
+        self.assertEqual((job.progress, job.checkpoint), (1.0, {"value": 21}))  # NULL unreported
+
     def test_django_tasks_signals(self) -> None:
         seen: list[tuple[str, str, str]] = []
 

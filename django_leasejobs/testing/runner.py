@@ -16,6 +16,7 @@ back with it.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ from django.db.transaction import TransactionManagementError
 from .. import leases, registry
 from ..backend import LeaseJobsBackend
 from ..compat import Task, task_backends, task_finished, task_started
+from ..functions import DatabaseNow
 from ..leases import ClaimedJob, Completion, ErrorInfo, Failure, LeaseLost, Progress
 from ..leases.rules import CANCELLED_ERROR_CLASS, CANCELLED_ERROR_MESSAGE
 from ..models import AttemptOutcome, Job, JobAttempt, JobStatus
@@ -147,14 +149,14 @@ def run_jobs(
 
 
 def _make_due(backend: LeaseJobsBackend, queues: list[str] | None) -> None:
-    """Pending jobs due later become due now (the database's clock)."""
-    now = leases.database_now(backend.database)
+    """Pending jobs due later become due now: the database's clock, as the column's
+    default writes it for a job enqueued without ``run_after``."""
     later = Job.objects.using(backend.database).filter(
-        backend=backend.alias, status=JobStatus.PENDING, run_after__gt=now
+        backend=backend.alias, status=JobStatus.PENDING, run_after__gt=DatabaseNow()
     )
     if queues is not None:
         later = later.filter(queue__in=queues)
-    later.update(run_after=now)
+    later.update(run_after=DatabaseNow())
 
 
 class _Attempt:
@@ -168,16 +170,41 @@ class _Attempt:
         self.cancel_requested = False
         self.lease_lost = False
         self.started = time.monotonic()
+        self.unsent: Progress | None = None
 
     def timed_out(self) -> bool:
         timeout = self.job.timeout
         return timeout is not None and time.monotonic() - self.started > timeout
 
     def progress(self, lease: tuple[int, int], fraction: float | None, message: str | None) -> None:
-        """``context.set_progress``: a renewal carrying the progress, as the heartbeat's."""
+        """``context.set_progress``: a renewal carrying the progress, as the heartbeat's.
+
+        An ``async def`` task runs on an event loop, where Django refuses database
+        calls: its progress waits for the attempt to return (:meth:`flush`), as it
+        would wait for a worker's next heartbeat.
+        """
+        if _in_event_loop():
+            self.unsent = Progress(fraction, message)
+        else:
+            self._renew(Progress(fraction, message))
+        if self.timed_out():
+            self.lost_flag.set()  # what the worker's watchdog tells a thread-pool slot
+
+    def flush(self) -> None:
+        """Write the progress an async task reported (the renewal after the attempt)."""
+        if self.unsent is not None:
+            seen = self.cancel_requested
+            self._renew(self.unsent)
+            self.unsent = None
+            # The outcome came before this renewal: a cancel it reports does not void it
+            # (a worker keeps an outcome that raced a stop, too).
+            self.cancel_requested = seen
+
+    def _renew(self, progress: Progress) -> None:
+        lease = self.job.lease
         renewed = leases.renew(
             self.worker_id,
-            {lease: Progress(fraction, message)},
+            {lease: progress},
             lease_duration=self.backend.config.lease_duration,
             using=self.backend.database,
         )
@@ -185,9 +212,17 @@ class _Attempt:
             self.cancel_requested = True
         if lease in renewed.lost:
             self.lease_lost = True
-        if self.cancel_requested or self.lease_lost or self.timed_out():
+        if self.cancel_requested or self.lease_lost:
             # What the worker tells a thread-pool slot it stops: the task can see it.
             self.lost_flag.set()
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _run_attempt(job: ClaimedJob, backend: LeaseJobsBackend, worker_id: str) -> JobRun:
@@ -208,6 +243,7 @@ def _run_attempt(job: ClaimedJob, backend: LeaseJobsBackend, worker_id: str) -> 
         lost_flag=attempt.lost_flag,
     )
     try:
+        attempt.flush()
         run = _record(attempt, task, outcome)
     except (DatabaseError, TransactionManagementError):
         if savepoint is None:
@@ -218,9 +254,8 @@ def _run_attempt(job: ClaimedJob, backend: LeaseJobsBackend, worker_id: str) -> 
         transaction.set_rollback(False, using=using)
         transaction.savepoint_rollback(savepoint, using=using)
         run = _record(attempt, task, outcome)
-    else:
-        if savepoint is not None:
-            transaction.savepoint_commit(savepoint, using=using)
+    if savepoint is not None:
+        transaction.savepoint_commit(savepoint, using=using)
     if task is not None and run.finished and task_finished.receivers:
         finished = backend.get_result(str(job.id))
         task_finished.send_robust(type(backend), task_result=finished)
