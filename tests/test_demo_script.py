@@ -19,7 +19,7 @@ own) and its slots (process groups of their own), and the embedded PostgreSQL se
 
 The demo always uses its embedded PostgreSQL here, whatever database the suite runs on
 (DATABASE_URL is removed from its environment), with the data in a temporary
-directory (LEASEJOBS_DEMO_DATA) instead of the repository's .demo/. Both tests share
+directory (LEASEJOBS_DEMO_DATA) instead of the repository's .demo/. The tests share
 that directory, so the second start finds it initialized, as a user's second start
 does. VENV is this interpreter's virtualenv, so nothing new is installed.
 """
