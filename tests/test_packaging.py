@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import json
 import os
 import re
 import subprocess
@@ -201,3 +202,96 @@ def test_readme_links_work_on_pypi() -> None:
     assert "https://raw.githubusercontent.com/django-leasejobs/django-leasejobs/main/docs/img/" in (
         readme
     )
+
+
+# -- scripts/_venv.sh: the install stamp ---------------------------------------------------
+
+VENV_SH = REPO_ROOT / "scripts" / "_venv.sh"
+
+
+def stamp_script() -> str:
+    """The Python program that scripts/_venv.sh runs to check and write its stamp."""
+    text = VENV_SH.read_text()
+    match = re.search(r"^_LEASEJOBS_STAMP_PY='\n(.*?)^'$", text, re.S | re.M)
+    assert match, "scripts/_venv.sh: _LEASEJOBS_STAMP_PY not found"
+    return match.group(1)
+
+
+@pytest.fixture
+def fake_venv(tmp_path: Path) -> Path:
+    """A "virtualenv" whose python is this interpreter, except that running pip fails
+    loudly: whether leasejobs_ensure_venv ran pip shows without installing anything."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        'case " $* " in *" -m pip "*) echo "PIP WAS RUN: $*" >&2; exit 99;; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    return venv
+
+
+def ensure_venv(venv: Path, group: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("EXTRA_PIP", "VENV", "PYTHON")}
+    return subprocess.run(
+        ["bash", "-c", f'. "{VENV_SH}" && leasejobs_ensure_venv {group}'],
+        env={**base, "VENV": str(venv), "PYTHON": sys.executable, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def stamp(venv: Path, mode: str, group: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k != "EXTRA_PIP"}
+    return subprocess.run(
+        [str(venv / "bin" / "python"), "-I", "-c", stamp_script(), mode, str(REPO_ROOT), group,
+         str(venv / ".leasejobs-install.json")],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )  # fmt: skip
+
+
+def test_install_stamp_skips_pip_until_something_changes(fake_venv: Path) -> None:
+    # No stamp yet: pip runs (and fails here, on purpose).
+    first = ensure_venv(fake_venv, "test")
+    assert first.returncode != 0
+    assert "PIP WAS RUN" in first.stderr
+    assert "no install of this pyproject.toml" in first.stderr
+
+    # After an install (its stamp written as leasejobs_ensure_venv writes it), nothing runs pip.
+    assert stamp(fake_venv, "write", "test").returncode == 0
+    again = ensure_venv(fake_venv, "test")
+    assert again.returncode == 0, again.stderr
+    assert "PIP WAS RUN" not in again.stderr
+    assert "is up to date" in again.stderr
+
+    # Another EXTRA_PIP, another group, or a changed pyproject.toml: pip runs again.
+    assert "PIP WAS RUN" in ensure_venv(fake_venv, "test", EXTRA_PIP="django<6").stderr
+    assert "PIP WAS RUN" in ensure_venv(fake_venv, "demo").stderr
+    # (A failed pip run leaves no stamp: write it again.)
+    assert stamp(fake_venv, "write", "test").returncode == 0
+    assert "PIP WAS RUN" not in ensure_venv(fake_venv, "test").stderr
+    stamp_file = fake_venv / ".leasejobs-install.json"
+    recorded = stamp_file.read_text()
+    stamp_file.write_text(re.sub(r'"pyproject_sha256": "\w+"', '"pyproject_sha256": "0"', recorded))
+    assert "PIP WAS RUN" in ensure_venv(fake_venv, "test").stderr
+
+
+def test_install_stamp_checks_the_group_is_really_installed(fake_venv: Path) -> None:
+    # dev includes test: after dev, test needs nothing.
+    assert stamp(fake_venv, "write", "dev").returncode == 0
+    recorded = json.loads((fake_venv / ".leasejobs-install.json").read_text())
+    assert recorded["groups"] == ["dev", "test"]
+    assert stamp(fake_venv, "check", "test").returncode == 0
+    # A stamp that claims the bench group, whose peers this environment does not have.
+    assert stamp(fake_venv, "write", "bench").returncode == 0
+    check = stamp(fake_venv, "check", "bench")
+    assert check.returncode == 1
+    assert "(group bench) is not installed" in check.stdout
