@@ -4,7 +4,10 @@ Builds a throwaway SQLite database with made-up but plausible traffic (an hour o
 finished jobs, a backlog on three queues, running jobs with progress, a frozen worker
 whose lease ran out, dead letters, a flaky job with tracebacks) through the lease
 protocol itself, serves the admin with ``runserver`` on a free local port and takes
-screenshots with the system's headless Chromium (see tests/browser.py).
+screenshots with the system's headless Chromium (see tests/browser.py): at 1366x768
+with the admin's navigation sidebar open, as a person first sees it, and the dashboard
+on a phone. It fails when a table's header cells are cut off, or when the phone's page
+scrolls sideways.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MANAGE_PY = REPO_ROOT / "testproject" / "manage.py"
 USERNAME, PASSWORD = "admin", "screenshots-only"
-WIDTH, HEIGHT = 1440, 900
+WIDTH, HEIGHT = 1366, 768
 
 # Workers of the made-up fleet: id -> (host, pid, queues, concurrency).
 FLEET = {
@@ -277,28 +280,44 @@ def runserver(database_url: str, log_path: Path) -> Iterator[str]:
 
 
 def take_screenshots(url: str, ids: dict[str, int], out: Path) -> list[Path]:
-    from tests.browser import PageProblems, chromium, log_in
+    from tests.browser import (
+        PHONE,
+        PageProblems,
+        chromium,
+        cut_off_headers,
+        keep_nav_sidebar_open,
+        log_in,
+        nav_sidebar_is_open,
+        page_overflow,
+    )
 
     shots: list[Path] = []
+    problems: list[str] = []
 
     def shot(page: Any, name: str, *, full_page: bool = True) -> None:
         path = out / name
         page.screenshot(path=path, full_page=full_page)
         shots.append(path)
 
+    def fits(page: Any, name: str) -> None:
+        if not nav_sidebar_is_open(page):
+            problems.append(f"{name}: the navigation sidebar is closed")
+        problems.extend(f"{name}: {cut}" for cut in cut_off_headers(page))
+
     with chromium(width=WIDTH, height=HEIGHT) as context:
+        keep_nav_sidebar_open(context)
         context.set_default_timeout(15_000)
         page = context.new_page()
-        problems = PageProblems(page)
+        watch = PageProblems(page)
         log_in(page, url, USERNAME, PASSWORD)
 
         page.goto(f"{url}/admin/django_leasejobs/job/dashboard/")
         page.wait_for_selector("#lj-chart")
+        fits(page, "dashboard")
         shot(page, "admin-dashboard.png")
 
         page.goto(f"{url}/admin/django_leasejobs/job/")
-        # Lists are wide: fold the admin's navigation sidebar (remembered by the browser).
-        page.click("#toggle-nav-sidebar")
+        fits(page, "job list")
         shot(page, "admin-job-list.png", full_page=False)
 
         page.goto(f"{url}/admin/django_leasejobs/job/?status__exact=dead")
@@ -311,10 +330,24 @@ def take_screenshots(url: str, ids: dict[str, int], out: Path) -> list[Path]:
         shot(page, "admin-job-detail.png")
 
         page.goto(f"{url}/admin/django_leasejobs/worker/")
+        fits(page, "worker list")
         shot(page, "admin-workers.png", full_page=False)
+        problems.extend(watch.items)
 
-        if problems.items:
-            raise RuntimeError("the pages had problems:\n" + "\n".join(problems.items))
+    with chromium(width=PHONE[0], height=PHONE[1], scale=2, mobile=True) as context:
+        context.set_default_timeout(15_000)
+        page = context.new_page()
+        watch = PageProblems(page)
+        log_in(page, url, USERNAME, PASSWORD)
+        page.goto(f"{url}/admin/django_leasejobs/job/dashboard/")
+        page.wait_for_selector("#lj-chart")
+        if page_overflow(page):
+            problems.append(f"phone dashboard: {page_overflow(page)} px wider than the phone")
+        shot(page, "admin-dashboard-phone.png")
+        problems.extend(watch.items)
+
+    if problems:
+        raise RuntimeError("the pages had problems:\n" + "\n".join(problems))
     return shots
 
 

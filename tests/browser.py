@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOT_ROOT = REPO_ROOT / "artifacts" / "screenshots"
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
+PHONE = (390, 844)
+"""A phone's viewport in CSS pixels (an iPhone 12 to 15)."""
 
 # Headless, no sandbox (we may be root in a container), and nothing that phones home.
 CHROMIUM_ARGS = (
@@ -74,9 +76,12 @@ def missing_playwright() -> str | None:
 
 @contextlib.contextmanager
 def chromium(
-    *, width: int = 1280, height: int = 900, scale: float = 1.0
+    *, width: int = 1366, height: int = 768, scale: float = 1.0, mobile: bool = False
 ) -> Iterator[BrowserContext]:
-    """A headless Chromium with a fresh throwaway profile, as a Playwright BrowserContext."""
+    """A headless Chromium with a fresh throwaway profile, as a Playwright BrowserContext.
+
+    1366x768 by default, a common laptop screen; ``mobile`` makes it a touch phone (use
+    with a phone's size, such as :data:`PHONE`)."""
     from playwright.sync_api import sync_playwright
 
     with (
@@ -90,6 +95,8 @@ def chromium(
             args=list(CHROMIUM_ARGS),
             viewport={"width": width, "height": height},
             device_scale_factor=scale,
+            is_mobile=mobile,
+            has_touch=mobile,
             locale="en-US",
             timezone_id="UTC",
         )
@@ -138,3 +145,71 @@ def log_in(page: Page, base_url: str, username: str, password: str) -> None:
     page.fill("#id_password", password)
     page.get_by_role("button", name="Log in").click()
     page.wait_for_selector("#user-tools")
+
+
+# Django's admin keeps the navigation sidebar's state here; open (or no value) is the
+# default on a wide window.
+NAV_SIDEBAR_KEY = "django.admin.navSidebarIsOpen"
+
+
+def keep_nav_sidebar_open(context: BrowserContext) -> None:
+    """Every page of ``context`` starts with the admin's navigation sidebar open, as a
+    person sees the admin first (and as a click on its toggle would otherwise change)."""
+    context.add_init_script(f"window.localStorage.setItem({NAV_SIDEBAR_KEY!r}, 'true');")
+
+
+def nav_sidebar_is_open(page: Page) -> bool:
+    return bool(
+        page.evaluate(
+            "() => { const nav = document.getElementById('nav-sidebar');"
+            " return nav !== null && document.getElementById('main').classList.contains("
+            "'shifted') && getComputedStyle(nav).visibility === 'visible'"
+            " && nav.getBoundingClientRect().width > 0; }"
+        )
+    )
+
+
+def cut_off_headers(page: Page, selector: str = "#content table") -> list[str]:
+    """Header cells of the tables matching ``selector`` (by default, the page's own, not
+    the navigation sidebar's) that end past the window's right edge or past their table's
+    container (where a wide table would scroll or hide)."""
+    return list(
+        page.evaluate(
+            """selector => {
+                const cut = [];
+                for (const table of document.querySelectorAll(selector)) {
+                    const box = table.parentElement.getBoundingClientRect();
+                    const edge = Math.min(window.innerWidth, box.right) + 0.5;
+                    for (const th of table.querySelectorAll('thead th')) {
+                        const right = th.getBoundingClientRect().right;
+                        if (right > edge) {
+                            const name = table.id || table.className || 'table';
+                            cut.push(`${name}: "${th.textContent.trim()}" ends at `
+                                + `${Math.round(right)} px, past ${Math.round(edge)} px`);
+                        }
+                    }
+                }
+                return cut;
+            }""",
+            selector,
+        )
+    )
+
+
+def page_overflow(page: Page) -> int:
+    """How many pixels the page is wider than the window (0: no sideways scrolling)."""
+    return int(
+        page.evaluate("() => Math.max(0, document.documentElement.scrollWidth - window.innerWidth)")
+    )
+
+
+def header_widths(page: Page, selector: str = "#result_list") -> dict[str, int]:
+    """Each header cell's width in pixels, by its text (to tell why a table is too wide)."""
+    return dict(
+        page.evaluate(
+            """selector => Array.from(document.querySelectorAll(`${selector} thead th`)).map(
+                th => [th.textContent.trim() || th.className,
+                       Math.round(th.getBoundingClientRect().width)])""",
+            selector,
+        )
+    )

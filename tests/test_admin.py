@@ -25,6 +25,7 @@ from django.http import HttpResponse
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
+from freezegun import freeze_time
 
 from django_leasejobs import leases
 from django_leasejobs.models import Job, JobAttempt, JobStatus, Worker, WorkerState
@@ -1279,6 +1280,120 @@ def test_good_filters_still_work_next_to_the_checks(
 ) -> None:
     response = admin_client.get(f"{CHANGELIST}?locked_by__regex=^host-a&o=-1")
     assert shown_ids(response) == {states["running"], states["expired"]}
+
+
+# --------------------------------------------------------------------------- one clock
+
+
+@pytest.mark.parametrize("app_clock_off", [timedelta(days=1), -timedelta(days=1)], ids=str)
+def test_online_lease_left_and_ages_use_the_database_clock(
+    admin_client: Client, fleet: dict[str, Any], app_clock_off: timedelta
+) -> None:
+    """This process's clock a day off (ahead or behind): the admin shows the same, because
+    it measures everything against the database's clock, as the workers do."""
+    running = fleet["held"][0]  # a 30 s lease, taken just now (database clock)
+    with freeze_time(timezone.now() + app_clock_off):
+        jobs = admin_client.get(CHANGELIST).content
+        job_page = admin_client.get(change_url(running)).content
+        workers = admin_client.get(WORKERS).content
+        worker_page = admin_client.get(worker_url(WORKER)).content
+
+    row = job_row(jobs, running)
+    assert re.search(rb"(2\d|30)s left", row), row  # not "expired", not a day
+    assert b"started 0s ago" in row or b"started 1s ago" in row
+    assert re.search(rb"(2\d|30)s left", job_page)
+    assert b'alt="True"' in worker_row(workers, WORKER)  # seen just now: online
+    assert b'alt="False"' in worker_row(workers, WORKER2)  # 10 minutes ago: gone
+    assert re.search(rb">(0|1)s ago<", worker_row(workers, WORKER))
+    assert b">10m ago<" in worker_row(workers, WORKER2)
+    assert b'alt="True"' in worker_page
+
+
+def test_a_row_read_without_the_database_time_asks_the_database(fleet: dict[str, Any]) -> None:
+    from django.contrib.admin import site
+
+    job = Job.objects.get(pk=fleet["held"][0])  # not through the admin's queryset
+    with freeze_time(timezone.now() + timedelta(days=1)):
+        left = site.get_model_admin(Job).lease_left(job)
+    assert re.fullmatch(r"(2\d|30)s left", left), left
+
+
+def job_row(content: bytes, job_id: int) -> bytes:
+    """The changelist row of one job."""
+    rows = [row for row in content.split(b"<tr") if f'value="{job_id}"'.encode() in row]
+    assert len(rows) == 1, f"{len(rows)} rows for job {job_id}"
+    return rows[0]
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def test_progress_of_a_job_that_is_not_running_is_labelled_last_reported(
+    admin_client: Client, states: dict[str, int]
+) -> None:
+    Job.objects.filter(pk=states["failed"]).update(progress=0.5, progress_message=IMG)
+    Job.objects.filter(pk=states["succeeded"]).update(progress=1.0, progress_message="")
+
+    content = admin_client.get(CHANGELIST).content
+
+    failed = job_row(content, states["failed"])
+    assert b"50% <small" in failed
+    assert b"last reported: " + IMG_ESCAPED in failed  # escaped
+    running = job_row(content, states["running"])
+    assert b"25% a quarter" in running  # live progress: no label
+    assert b"last reported" not in running
+    succeeded = job_row(content, states["succeeded"])
+    assert b'<progress value="1.000" max="1"></progress> 100%' in succeeded
+    assert b"last reported" not in succeeded
+    page = admin_client.get(change_url(states["failed"])).content
+    assert b"last reported: " + IMG_ESCAPED in page
+    assert b"<img src=x" not in content + page
+
+
+# --------------------------------------------------------------------------- columns
+
+
+def test_the_job_list_shows_its_priority_columns_and_folds_the_rest(
+    admin_client: Client, states: dict[str, int]
+) -> None:
+    content = admin_client.get(CHANGELIST).content.decode()
+    columns = re.findall(r'<th scope="col" class="[^"]*column-(\w+)', content)
+    assert columns == [
+        "id",
+        "task_name",
+        "status_badge",
+        "queue",
+        "priority",
+        "attempts_display",
+        "progress_display",
+        "when",
+    ]
+    running = job_row(content.encode(), states["running"])
+    assert f"{WORKER} · ".encode() in running  # the lease holder, in the status
+    assert b'<span title="tests.tasks.add">add</span>' in running  # full path on hover
+    assert b"enqueued " in job_row(content.encode(), states["pending"])
+    assert b"runs in 60m" in job_row(content.encode(), states["scheduled"])
+    assert b"finished " in job_row(content.encode(), states["succeeded"])
+    dead = job_row(content.encode(), states["dead"])
+    assert b"1 stalled</small>" in dead
+
+
+def test_the_worker_list_columns(admin_client: Client, fleet: dict[str, Any]) -> None:
+    content = admin_client.get(WORKERS).content.decode()
+    columns = re.findall(r'<th scope="col" class="[^"]*column-(\w+)', content)
+    assert columns == [
+        "id",
+        "queue_list",
+        "pool_size",
+        "last_seen",
+        "online",
+        "jobs_held",
+        "problem_short",
+    ]
+    assert "process \u00d74".encode() in worker_row(content.encode(), WORKER)
+    page = admin_client.get(worker_url(WORKER)).content
+    for field in ("host", "pid", "started_at"):
+        assert f"field-{field}".encode() in page
 
 
 # --------------------------------------------------------------------------- escaping

@@ -1,8 +1,11 @@
-"""The admin in a real browser: log in, read the live dashboard, retry a dead letter.
+"""The admin in a real browser: log in, read the live dashboard, retry a dead letter,
+and see that the lists fit a laptop's screen and the dashboard a phone's.
 
 Headless Chromium (the system's, see tests/browser.py) talks to pytest-django's
 ``live_server`` (a threaded server in this process, on the test database); a real
-``runworker`` subprocess runs the retried job. Screenshots of the dashboard, the job
+``runworker`` subprocess runs the retried job. The window is 1366x768 with the admin's
+navigation sidebar open (Django's default on a wide window, kept open here), plus a
+390x844 phone for the dashboard. Screenshots of the dashboard, the job list, the worker
 list and the job detail land in ``artifacts/screenshots/<python>-<database>/``.
 
 Without Chromium the tests are skipped, except under CI (``CI=true``), where a
@@ -11,6 +14,7 @@ missing browser is a failure: CI must install it (.ci/run does).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from datetime import timedelta
@@ -28,12 +32,18 @@ from django_leasejobs import leases
 from django_leasejobs.models import AttemptOutcome, Job, JobStatus, Worker
 from tests import tasks
 from tests.browser import (
+    PHONE,
     PageProblems,
     chromium,
+    cut_off_headers,
+    header_widths,
     in_ci,
+    keep_nav_sidebar_open,
     log_in,
     missing_browser,
     missing_playwright,
+    nav_sidebar_is_open,
+    page_overflow,
     screenshot_dir,
 )
 from tests.helpers_leases import expire, make_job, make_jobs, make_ready
@@ -54,7 +64,22 @@ SCHEDULED_LOW = 2
 
 @pytest.fixture
 def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A Playwright BrowserContext on the system's Chromium (skip/fail as documented above)."""
+    """A Playwright BrowserContext on the system's Chromium, 1366x768 with the admin's
+    navigation sidebar open (skip/fail as documented above)."""
+    with _browser_context(monkeypatch) as context:
+        keep_nav_sidebar_open(context)
+        yield context
+
+
+@pytest.fixture
+def phone(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The same on a 390x844 touch phone."""
+    with _browser_context(monkeypatch, width=PHONE[0], height=PHONE[1], mobile=True) as context:
+        yield context
+
+
+@contextlib.contextmanager
+def _browser_context(monkeypatch: pytest.MonkeyPatch, **size: Any) -> Iterator[Any]:
     problem = missing_browser()
     if problem:
         if in_ci():
@@ -66,7 +91,7 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     # Playwright's sync API keeps an event loop running in this thread; the ORM calls in
     # the test body are plain synchronous code (see tests/browser.py).
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with chromium() as context:
+    with chromium(**size) as context:
         context.set_default_timeout(TIMEOUT_MS)
         try:
             yield context
@@ -351,3 +376,113 @@ def test_the_schedules_page_lists_the_schedules_and_their_next_runs(
 
 def _text_of(row: Any, selector: str) -> str:
     return str(row.locator(selector).inner_text()).strip()
+
+
+# -- widths ----------------------------------------------------------------------------------
+
+BUSY_WORKER = "worker-7.eu-west-1.compute.internal:48213:9f3a2b"
+FIT_WIDTHS = (1280, 1366, 1440)
+# The columns that must stay in sight on each list (their header cells' classes).
+KEY_COLUMNS = {
+    "job": [
+        "column-id",
+        "column-task_name",
+        "column-status_badge",
+        "column-queue",
+        "column-priority",
+        "column-attempts_display",
+        "column-progress_display",
+        "column-when",
+    ],
+    "worker": ["column-id", "column-last_seen", "column-online", "column-jobs_held"],
+}
+
+
+def _busy_admin() -> None:
+    """Jobs in every state with long worker ids and messages, and workers with problems."""
+    get_user_model().objects.create_superuser("boss", "boss@example.com", PASSWORD)
+    _finished_jobs(SUCCEEDED_AT, JobStatus.SUCCEEDED, queue="default", result=3)
+    _finished_jobs(FAILED_AT, JobStatus.FAILED, queue="low", attempt=3, last_error="nope")
+    _dead_letter()
+    make_jobs(3, queue="reports-nightly", priority=90)
+    for n in range(3):
+        job = make_job(queue="default", priority=50)
+        (claimed,) = leases.claim(BUSY_WORKER, limit=1, lease_duration=600, queues=["default"])
+        assert claimed.id == job.pk
+        message = f"step {n + 40} of 100: resizing images in batch {n}"
+        progress = leases.Progress(0.4 + n / 10, message)
+        leases.set_progress(claimed.id, claimed.attempt, BUSY_WORKER, progress)
+    Job.objects.filter(status=JobStatus.FAILED).update(progress=0.9, progress_message="almost")
+    for n in range(4):
+        Worker.objects.create(
+            id=f"{BUSY_WORKER[:-2]}{n:02d}",
+            host="worker-7.eu-west-1.compute.internal",
+            pid=48213 + n,
+            queues=["default", "high", "low", "reports-nightly"],
+            pool="process",
+            concurrency=8,
+            problem="gave up recording 2 attempt(s) since it started; last: job 7 attempt 1"
+            if n == 0
+            else "",
+        )
+
+
+def _assert_fits(page: Any, name: str, key_columns: list[str]) -> None:
+    width = page.viewport_size["width"]
+    assert nav_sidebar_is_open(page), f"{name} at {width} px: the navigation sidebar is closed"
+    assert cut_off_headers(page) == [], f"{name} at {width} px: {header_widths(page)}"
+    for column in key_columns:
+        right = page.locator(f"#result_list thead th.{column}").evaluate(
+            "th => th.getBoundingClientRect().right"
+        )
+        assert right <= width, f"{name} at {width} px: {column} ends at {right} px"
+
+
+def test_the_lists_and_the_dashboard_fit_with_the_sidebar_open(
+    live_server: Any, browser: Any, shots: Path
+) -> None:
+    _busy_admin()
+    page = browser.new_page()
+    problems = PageProblems(page)
+    log_in(page, live_server.url, "boss", PASSWORD)
+    admin = f"{live_server.url}/admin/django_leasejobs"
+
+    for width in FIT_WIDTHS:
+        page.set_viewport_size({"width": width, "height": 768})
+        page.goto(f"{admin}/job/")
+        assert page.locator("#result_list tbody tr").count() > 20
+        _assert_fits(page, "job list", KEY_COLUMNS["job"])
+        if width == 1366:
+            page.screenshot(path=shots / "job_list_1366.png")
+        page.goto(f"{admin}/worker/")
+        _assert_fits(page, "worker list", KEY_COLUMNS["worker"])
+        if width == 1366:
+            page.screenshot(path=shots / "workers_1366.png")
+        page.goto(f"{admin}/job/dashboard/")
+        page.wait_for_selector("#lj-chart")
+        assert nav_sidebar_is_open(page)
+        assert cut_off_headers(page, ".leasejobs-table") == [], f"dashboard at {width} px"
+        if width == 1366:
+            page.screenshot(path=shots / "dashboard_1366.png", full_page=True)
+    assert problems.items == []
+
+
+def test_the_dashboard_on_a_phone_does_not_scroll_sideways(
+    live_server: Any, phone: Any, shots: Path
+) -> None:
+    _busy_admin()
+    page = phone.new_page()
+    problems = PageProblems(page)
+    log_in(page, live_server.url, "boss", PASSWORD)
+    page.goto(f"{live_server.url}/admin/django_leasejobs/job/dashboard/")
+    page.wait_for_selector("#lj-chart")
+    assert page.viewport_size == {"width": PHONE[0], "height": PHONE[1]}
+    assert page_overflow(page) == 0
+    # Each table stays in its box, which scrolls sideways when the table is wider.
+    for table in page.locator(".leasejobs-table").all():
+        box = table.locator("xpath=..")
+        assert box.evaluate("b => getComputedStyle(b).overflowX") == "auto"
+        assert box.evaluate("b => b.getBoundingClientRect().right") <= PHONE[0]
+    assert page.locator("#lj-running-jobs tbody tr").count() == 3
+    page.screenshot(path=shots / "dashboard_phone.png", full_page=True)
+    assert problems.items == []

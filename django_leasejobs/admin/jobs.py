@@ -19,7 +19,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.functional import cached_property
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 
 from .. import leases, pruning
@@ -189,8 +190,14 @@ class JobAdmin(FilterSafeAdmin):
 
     @admin.display(description=_("task"), ordering="task_path")
     def task_name(self, job: Job) -> str:
+        """The function's name (it may wrap after an underscore); the path in the tooltip."""
         module, _dot, name = job.task_path.rpartition(".")
-        return format_html('<span title="{}">{}</span>', job.task_path, name or module)
+        parts = (name or module).split("_")
+        return format_html(
+            '<span title="{}">{}</span>',
+            job.task_path,
+            format_html_join(mark_safe("_<wbr>"), "{}", ((part,) for part in parts)),
+        )
 
     @admin.display(description=_("status"), ordering="status")
     def status_badge(self, job: Job) -> str:
@@ -212,7 +219,7 @@ class JobAdmin(FilterSafeAdmin):
         if not job.stall_count:
             return attempts
         return format_html(
-            '{} <small class="leasejobs-quiet">({} {})</small>',
+            '{} <small class="leasejobs-quiet leasejobs-stalls">{} {}</small>',
             attempts,
             job.stall_count,
             _("stalled"),
@@ -266,6 +273,7 @@ class JobAdmin(FilterSafeAdmin):
             return "-"
         times = [
             (_("enqueued"), job.enqueued_at),
+            (_("runs"), job.run_after if job.status == JobStatus.PENDING else None),
             (_("started"), job.started_at),
             (_("finished"), job.finished_at),
         ]

@@ -35,6 +35,10 @@ class WorkerAdmin(FilterSafeAdmin):
         "problem_short",
     )
     list_filter = ("state", "pool", "host", WorkerProblemFilter)
+
+    class Media:
+        css = {"all": ["django_leasejobs/admin.css"]}
+
     search_fields = ("id", "host")
     ordering = ("-last_seen_at",)
     readonly_fields = (
@@ -77,7 +81,7 @@ class WorkerAdmin(FilterSafeAdmin):
 
     @admin.display(description=_("pool"), ordering="pool")
     def pool_size(self, worker: Worker) -> str:
-        return f"{worker.pool}, {worker.concurrency}"
+        return f"{worker.pool} \u00d7{worker.concurrency}"
 
     @admin.display(description=_("last seen"), ordering="last_seen_at")
     def last_seen(self, worker: Worker) -> str:

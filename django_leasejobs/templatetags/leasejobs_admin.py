@@ -25,3 +25,10 @@ def percent(value: float | None) -> str:
     if value is None or value == "":
         return "-"
     return f"{float(value) * 100:.1f}%"
+
+
+@register.filter
+def task_name(task_path: str) -> str:
+    """The function's name of a dotted task path (the whole path goes in a tooltip)."""
+    module, _dot, name = task_path.rpartition(".")
+    return name or module
