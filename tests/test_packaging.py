@@ -9,6 +9,7 @@ isolated build and takes longer than a unit test should.
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.metadata
 import json
 import os
@@ -131,6 +132,13 @@ def test_build_requirements_and_urls() -> None:
     assert set(urls) >= {"Homepage", "Documentation", "Source", "Issues", "Changelog"}
     assert all(u.startswith("https://github.com/django-leasejobs/") for u in urls.values())
     assert not any(c.startswith("License ::") for c in PYPROJECT["project"]["classifiers"])
+
+
+def test_pytest_plugin_entry_point() -> None:
+    """The testing kit's plugin registers under its module's name (docs/testing.md)."""
+    plugin = "django_leasejobs.testing.pytest_plugin"
+    assert PYPROJECT["project"]["entry-points"]["pytest11"] == {plugin: plugin}
+    assert hasattr(importlib.import_module(plugin), "leasejobs")
 
 
 def group_names(group: str) -> set[str]:
