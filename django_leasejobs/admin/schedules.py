@@ -100,8 +100,8 @@ def attach_states(rows: Iterable[Schedule]) -> None:
         backend = backends.get(alias)
         mine = [row for row in rows if row.backend == alias]
         if backend is None:
+            now = database_now(mine[0]._state.db or "default")
             for row in mine:
-                now = database_now(row._state.db or "default")
                 setattr(row, _STATE_ATTR, RowState(_removed_view(row), None, now))
             continue
         now = database_now(backend.database)
