@@ -68,8 +68,8 @@ def missing_playwright() -> str | None:
         import playwright.sync_api  # noqa: F401
     except ImportError as exc:
         return (
-            f"the playwright package is missing ({exc}); install the test extra: "
-            "pip install -e '.[test]' (scripts/test does)"
+            f"the playwright package is missing ({exc}); install the test dependency group: "
+            "pip install -e . --group test (scripts/test does)"
         )
     return None
 

@@ -163,6 +163,8 @@ def test_dev_tooling_is_in_groups_not_extras() -> None:
     assert {"demo", "test", "dev", "bench"} <= set(groups)
     assert {"include-group": "test"} in groups["dev"]
     assert group_names("test") <= group_names("dev")
+    # The suite runs scripts/demo: its venv holds the demo group (no install mid-run).
+    assert {"include-group": "demo"} in groups["test"]
     # The demo group is small: no test runner, browser driver or property testing.
     assert not group_names("demo") & {"pytest", "pytest-django", "playwright", "hypothesis"}
 
@@ -282,7 +284,7 @@ def test_install_stamp_skips_pip_until_something_changes(fake_venv: Path) -> Non
 
     # Another EXTRA_PIP, another group, or a changed pyproject.toml: pip runs again.
     assert "PIP WAS RUN" in ensure_venv(fake_venv, "test", EXTRA_PIP="django<6").stderr
-    assert "PIP WAS RUN" in ensure_venv(fake_venv, "demo").stderr
+    assert "PIP WAS RUN" in ensure_venv(fake_venv, "bench").stderr
     # (A failed pip run leaves no stamp: write it again.)
     assert stamp(fake_venv, "write", "test").returncode == 0
     assert "PIP WAS RUN" not in ensure_venv(fake_venv, "test").stderr
@@ -296,7 +298,7 @@ def test_install_stamp_checks_the_group_is_really_installed(fake_venv: Path) -> 
     # dev includes test: after dev, test needs nothing.
     assert stamp(fake_venv, "write", "dev").returncode == 0
     recorded = json.loads((fake_venv / ".leasejobs-install.json").read_text())
-    assert recorded["groups"] == ["dev", "test"]
+    assert recorded["groups"] == ["demo", "dev", "test"]
     assert stamp(fake_venv, "check", "test").returncode == 0
     # A stamp that claims the bench group, whose peers this environment does not have.
     assert stamp(fake_venv, "write", "bench").returncode == 0
