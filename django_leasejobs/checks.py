@@ -14,7 +14,16 @@ from django.db import connections
 
 from . import registry
 from .compat import DEFAULT_TASK_QUEUE_NAME
-from .conf import BACKEND_PATH, E_BAD_VALUE, E_DATABASE_FEATURES, E_UNKNOWN_DATABASE, parse_options
+from .conf import (
+    BACKEND_PATH,
+    E_BAD_VALUE,
+    E_DATABASE_FEATURES,
+    E_LISTEN_DATABASE_NOT_POSTGRESQL,
+    E_UNKNOWN_DATABASE,
+    E_UNKNOWN_LISTEN_DATABASE,
+    Options,
+    parse_options,
+)
 from .exceptions import UnknownTask
 from .schedules.spec import (
     E_SCHEDULE_QUEUE,
@@ -115,6 +124,38 @@ def _schedule_messages(
     return found
 
 
+def _listen_database_messages(options: Options, obj: str) -> list[checks.CheckMessage]:
+    """``LISTEN_DATABASE``: an alias in ``DATABASES``, on PostgreSQL (known without a query)."""
+    alias = options.listen_database
+    if alias is None:
+        return []
+    if alias not in settings.DATABASES:
+        return [
+            _message(
+                E_UNKNOWN_LISTEN_DATABASE,
+                f"LISTEN_DATABASE {alias!r} is not in settings.DATABASES.",
+                "Add an alias that connects to the job database directly (not through a "
+                f"pooler), or use one of: {', '.join(settings.DATABASES)}.",
+                False,
+                obj,
+            )
+        ]
+    vendor = connections[alias].vendor
+    if vendor != "postgresql":
+        return [
+            _message(
+                E_LISTEN_DATABASE_NOT_POSTGRESQL,
+                f"LISTEN_DATABASE {alias!r} is a {vendor!r} database: only PostgreSQL "
+                "has LISTEN/NOTIFY.",
+                "Point it at the PostgreSQL database of DATABASE, connecting directly "
+                "(not through a pooler), or remove it.",
+                False,
+                obj,
+            )
+        ]
+    return []
+
+
 def _message(problem_id: str, msg: str, hint: str, warning: bool, obj: str) -> checks.CheckMessage:
     kind = checks.Warning if warning else checks.Error
     return kind(msg, hint=hint or None, obj=obj, id=problem_id)
@@ -144,6 +185,7 @@ def check_backends(
         options, problems = parse_options(raw)
         messages.extend(_message(p.id, p.msg, p.hint, p.warning, obj) for p in problems)
         messages.extend(_schedule_messages(alias, params, options.schedules, options.imports))
+        messages.extend(_listen_database_messages(options, obj))
         if options.database not in settings.DATABASES:
             messages.append(
                 _message(

@@ -30,6 +30,8 @@ E_UNKNOWN_DATABASE = "leasejobs.E005"
 E_DATABASE_FEATURES = "leasejobs.E006"
 E_DURATION_TOO_LONG = "leasejobs.E007"
 E_APP_NOT_INSTALLED = "leasejobs.E008"
+E_UNKNOWN_LISTEN_DATABASE = "leasejobs.E018"
+E_LISTEN_DATABASE_NOT_POSTGRESQL = "leasejobs.E019"
 W_HEARTBEAT_TOO_SLOW = "leasejobs.W001"
 W_LEASE_TOO_SHORT = "leasejobs.W002"
 W_POLL_TOO_FAST = "leasejobs.W003"
@@ -70,6 +72,8 @@ class Options:
     lock_lost_grace: float = 10.0
     poll_interval: float = 1.0
     database: str = "default"
+    listen_database: str | None = None
+    """Alias the worker LISTENs on (None: ``database``, unless that is pooled)."""
     imports: tuple[str, ...] = ()
     schedules: tuple[ScheduleSpec, ...] = ()
 
@@ -91,7 +95,15 @@ _NUMBERS: dict[str, tuple[str, type, float, bool]] = {
     "POLL_INTERVAL": ("poll_interval", float, 0, True),
 }
 KNOWN_OPTIONS = frozenset(
-    {*_NUMBERS, "RETRY_BACKOFF", "LOCK_LOST_BEHAVIOR", "DATABASE", "IMPORTS", "SCHEDULES"}
+    {
+        *_NUMBERS,
+        "RETRY_BACKOFF",
+        "LOCK_LOST_BEHAVIOR",
+        "DATABASE",
+        "LISTEN_DATABASE",
+        "IMPORTS",
+        "SCHEDULES",
+    }
 )
 
 # What a duration above MAX_SECONDS breaks, per option.
@@ -226,6 +238,17 @@ def parse_options(
         else:
             problems.append(
                 Problem(E_BAD_VALUE, f"DATABASE must be a database alias, got {raw['DATABASE']!r}")
+            )
+
+    if "LISTEN_DATABASE" in raw:
+        if isinstance(raw["LISTEN_DATABASE"], str) and raw["LISTEN_DATABASE"]:
+            values["listen_database"] = raw["LISTEN_DATABASE"]
+        else:
+            problems.append(
+                Problem(
+                    E_BAD_VALUE,
+                    f"LISTEN_DATABASE must be a database alias, got {raw['LISTEN_DATABASE']!r}",
+                )
             )
 
     if "IMPORTS" in raw:

@@ -3,11 +3,34 @@
 The backend sends ``pg_notify('leasejobs', <queue>)`` in the enqueueing transaction,
 so the notification arrives on commit. Polling (``POLL_INTERVAL``) stays the
 fallback; a lost listener connection is re-opened with backoff.
+
+``LISTEN`` belongs to a server session. Behind a pooler in transaction mode
+(PgBouncer) it would land on a server connection that other clients' transactions
+then use, and the notifications would go to them. So the listener connects to
+``OPTIONS["LISTEN_DATABASE"]`` when it is set (trusted: the site says it connects
+directly), and otherwise first makes sure the connection to ``DATABASE`` is direct:
+
+* ``DISABLE_SERVER_SIDE_CURSORS = True`` on the alias is Django's documented setting
+  for transaction pooling: pooled, no connection needed to tell;
+* else one query (no ``NOTIFY``: a probe notification could itself reach another
+  client) asks the server which client socket its session serves, and compares it
+  with this connection's own socket: over TCP the client address and port, and the
+  server port (``inet_client_addr()``, ``inet_client_port()``, ``inet_server_port()``
+  against ``getsockname()`` / ``getpeername()``); over a Unix socket the socket file
+  we connected to against the server's ``unix_socket_directories`` and ``port``
+  (the port alone for a role that may not read the directories). A pooler or proxy
+  in between has sockets of its own, so they differ.
+
+A pooled connection is closed without ``LISTEN``; the worker says so once at WARNING
+with the fix and finds jobs by polling.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import os
+import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -17,9 +40,18 @@ from ..backend import NOTIFY_CHANNEL
 from .heartbeat import _WorkerThread
 
 if TYPE_CHECKING:
+    import psycopg
+
     from .loop import Worker
 
 logger = logging.getLogger("django_leasejobs")
+
+_SESSION_SOCKET_SQL = (
+    "SELECT host(inet_client_addr()), inet_client_port(), inet_server_port(), "
+    "current_setting('port'), "
+    # NULL (no row) for a role that may not read it (superuser or pg_read_all_settings).
+    "(SELECT setting FROM pg_settings WHERE name = 'unix_socket_directories')"
+)
 
 
 def listen_connection_params(alias: str) -> dict[str, Any]:
@@ -29,21 +61,114 @@ def listen_connection_params(alias: str) -> dict[str, Any]:
     return params
 
 
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    address = ipaddress.ip_address(host.split("%", 1)[0])  # (an IPv6 scope: "fe80::1%eth0")
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _unix_path(address: str | bytes) -> str:
+    """A Unix socket address as PostgreSQL spells it (abstract ones start with ``@``)."""
+    if isinstance(address, bytes):
+        text = address.decode(errors="replace")
+        return "@" + text[1:] if text.startswith("\0") else text
+    return address
+
+
+def _socket_directories(setting: str) -> list[str]:
+    return [d.strip().strip('"') for d in setting.split(",") if d.strip()]
+
+
+def pooler_in_between(conn: psycopg.Connection[Any]) -> str:
+    """Why ``conn``'s server session does not serve ``conn``'s own socket ('' when it does).
+
+    Something that is not our socket on the server's side means a pooler or a proxy
+    connects there for us, and a ``LISTEN`` could outlive our use of its connection.
+    """
+    [(client_host, client_port, server_port, port, directories)] = conn.execute(
+        _SESSION_SOCKET_SQL
+    ).fetchall()
+    with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+        family = sock.family
+        local = sock.getsockname()
+        peer = sock.getpeername()
+    if family == socket.AF_UNIX:
+        path = _unix_path(peer)
+        if client_host is not None:
+            return (
+                f"this connection is the Unix socket {path}, but the server serves a TCP "
+                f"client at {client_host}:{client_port}"
+            )
+        if directories is None:
+            wanted = [f".s.PGSQL.{port}"]
+            if path.rsplit("/", 1)[-1] in wanted:
+                return ""
+        else:
+            wanted = [f"{d}/.s.PGSQL.{port}" for d in _socket_directories(directories)]
+            if path in wanted:
+                return ""
+        return (
+            f"this connection is the Unix socket {path}, but the server listens on "
+            f"{' or '.join(wanted)}"
+        )
+    ours = f"{local[0]}:{local[1]} -> port {peer[1]}"
+    if client_host is None:
+        return f"this connection is TCP ({ours}), but the server serves a Unix-socket client"
+    if (_ip(local[0]), local[1], peer[1]) != (_ip(client_host), client_port, server_port):
+        return (
+            f"this connection is {ours}, but the server serves "
+            f"{client_host}:{client_port} -> port {server_port}"
+        )
+    return ""
+
+
 class Listener(_WorkerThread):
     def __init__(self, worker: Worker, stop: threading.Event) -> None:
         super().__init__(worker, stop, "listener")
+        configured = worker.options.listen_database
+        self.trusted = configured is not None
+        """``LISTEN_DATABASE`` is set: its connection is taken as direct, unexamined."""
+        self.alias = configured if configured is not None else worker.database
+
+    def _poll_instead(self, why: str) -> None:
+        logger.warning(
+            "not listening for new jobs: database %r goes through a connection pooler (%s), "
+            "where a LISTEN would stay on a server connection other clients use; this "
+            "worker polls every %gs instead. To keep instant wake-ups, set "
+            'OPTIONS["LISTEN_DATABASE"] to a DATABASES alias that connects to the same '
+            "database directly.",
+            self.alias,
+            why,
+            self.worker.options.poll_interval,
+            extra={"worker": self.worker.worker_id, "database": self.alias},
+        )
 
     def loop(self) -> None:
         import psycopg
 
+        if not self.trusted and connections[self.alias].settings_dict.get(
+            "DISABLE_SERVER_SIDE_CURSORS"
+        ):
+            self._poll_instead("its DISABLE_SERVER_SIDE_CURSORS is set")
+            return
         failures = 0
         while not self.stop_event.is_set():
             try:
                 with psycopg.connect(
-                    **listen_connection_params(self.worker.database), autocommit=True
+                    **listen_connection_params(self.alias), autocommit=True
                 ) as conn:
+                    why = "" if self.trusted else pooler_in_between(conn)
+                    if why:
+                        self._poll_instead(why)
+                        return
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     failures = 0
+                    logger.info(
+                        "listening for new jobs on database %r",
+                        self.alias,
+                        extra={"worker": self.worker.worker_id, "database": self.alias},
+                    )
                     self.worker.notify_jobs()  # jobs may have come while we were not listening
                     while not self.stop_event.is_set():
                         for notify in conn.notifies(timeout=0.5):
