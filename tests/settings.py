@@ -46,6 +46,15 @@ DATABASES["leasejobs_mirror"] = {
     "TEST": {**DATABASES["default"].get("TEST", {}), "MIRROR": "default"},
 }
 
+# tests/test_pgbouncer.py points a subprocess's default alias at a pooler and passes the
+# test database itself in LEASEJOBS_TEST_DIRECT_DATABASE_URL: the alias for LISTEN_DATABASE.
+if os.environ.get("LEASEJOBS_TEST_DIRECT_DATABASE_URL"):
+    import environ
+
+    DATABASES["leasejobs_direct"] = environ.Env.db_url_config(
+        os.environ["LEASEJOBS_TEST_DIRECT_DATABASE_URL"]
+    )
+
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" and not IN_TEST_SUBPROCESS:
     _sqlite_dir = tempfile.mkdtemp(prefix="leasejobs-sqlite-")
     _owner_pid = os.getpid()
