@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -173,3 +174,16 @@ def lease_path(request: pytest.FixtureRequest) -> Iterator[str]:
             yield request.param
     else:
         yield request.param
+
+
+@pytest.fixture
+def sighup_default() -> Iterator[None]:
+    """SIGHUP at its default action while the test runs, so the processes it starts
+    inherit that and not this run's disposition: under ``nohup`` (a CI run kept alive
+    past its terminal) SIGHUP is ignored, and a process that starts with SIGHUP ignored
+    keeps ignoring it (runworker and bash both do, on purpose)."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)

@@ -64,9 +64,15 @@ def raise_unprintable() -> None:
 @task(takes_context=True)
 def progress_nul(context: Any, seconds: float) -> str:
     """Report progress whose message has a NUL and a lone surrogate, then keep running
-    across several heartbeats (which carry that message) before succeeding."""
+    until a heartbeat has stored that message (escaped) on the job's row, and succeed:
+    "finished" once it was stored, "not stored" when ``seconds`` passed without it."""
+    from django_leasejobs.models import Job
+
     context.set_progress(0.5, "bad \x00 progress \ud800")
+    stored = Job.objects.filter(pk=context.job_id, progress_message="bad \\x00 progress \\ud800")
     deadline = time.monotonic() + float(seconds)
     while time.monotonic() < deadline:  # the job's own work: heartbeats renew meanwhile
+        if stored.exists():
+            return "finished"
         time.sleep(0.05)
-    return "finished"
+    return "not stored"
