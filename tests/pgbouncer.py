@@ -1,11 +1,12 @@
 """A PgBouncer of the test run's own, in transaction mode, in front of the test database.
 
-``PgBouncer.start(settings_dict, directory)`` writes a configuration into ``directory``
+``running(binary, settings_dict)`` writes a configuration into a temporary directory
 (``[databases] * = host=... port=...`` pointing at the server of ``settings_dict``,
 which may be a TCP address or the embedded server's Unix socket directory), starts
-``pgbouncer`` on a free loopback port, waits until it accepts connections and returns
-the handle; ``stop()`` ends it. Debian's ``pgbouncer`` package provides the binary
-(.ci/run installs it when missing; the package's own service is never used).
+``pgbouncer`` on a free loopback port, waits until it accepts connections, yields the
+handle, and stops it and removes the directory at the end. Debian's ``pgbouncer``
+package provides the binary (.ci/run installs it when missing; the package's own
+service is never used).
 
 PgBouncer refuses to run as root: as root it is started with ``-u nobody`` and the
 directory is handed to that user.
@@ -19,8 +20,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +73,9 @@ class PgBouncer:
         return {**direct, "HOST": "127.0.0.1", "PORT": str(self.port)}
 
     @classmethod
-    def start(cls, binary: str, direct: Mapping[str, Any], directory: Path) -> PgBouncer:
+    def start(
+        cls, binary: str, direct: Mapping[str, Any], directory: Path, pool_size: int = 20
+    ) -> PgBouncer:
         user = str(direct.get("USER") or os.environ.get("USER") or "postgres")
         host = str(direct.get("HOST") or "/var/run/postgresql")
         server_port = str(direct.get("PORT") or 5432)
@@ -89,7 +93,7 @@ class PgBouncer:
             f"auth_file = {directory / 'users.txt'}\n"
             "pool_mode = transaction\n"
             "max_client_conn = 500\n"
-            "default_pool_size = 20\n"
+            f"default_pool_size = {pool_size}\n"
             "ignore_startup_parameters = extra_float_digits, options\n"
             f"logfile = {directory / 'pgbouncer.log'}\n"
             "log_connections = 0\n"
@@ -130,3 +134,21 @@ class PgBouncer:
                 self.process.wait(timeout=10)
         if self.process.stderr is not None:
             self.process.stderr.close()
+
+
+@contextlib.contextmanager
+def running(binary: str, direct: Mapping[str, Any], pool_size: int = 20) -> Iterator[PgBouncer]:
+    """A PgBouncer in front of the database of ``direct`` for the duration of the block.
+
+    (Its directory is made in the system's temporary directory, which every user can
+    reach: as root the pooler runs as ``nobody``.)
+    """
+    directory = Path(tempfile.mkdtemp(prefix="leasejobs-pgbouncer-"))
+    try:
+        bouncer = PgBouncer.start(binary, direct, directory, pool_size)
+        try:
+            yield bouncer
+        finally:
+            bouncer.stop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

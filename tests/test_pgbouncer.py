@@ -15,9 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
-import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +29,7 @@ from testproject.embedded_db import settings_to_database_url
 from tests import tasks_worker_flow
 from tests.browser import in_ci
 from tests.conftest import RunManage
-from tests.pgbouncer import PgBouncer, find_pgbouncer
+from tests.pgbouncer import PgBouncer, find_pgbouncer, running
 from tests.tasks_worker_flow import read_lines
 from tests.worker_harness import WorkerProcess, Workers, pid_alive, wait_until
 
@@ -43,39 +41,43 @@ LISTENING = "listening for new jobs on database"
 
 
 @pytest.fixture(scope="module")
-def bouncer(django_db_setup: None, django_db_blocker: Any) -> Iterator[PgBouncer]:
+def binary(django_db_setup: None, django_db_blocker: Any) -> str:
+    """The pgbouncer binary, when the test database is PostgreSQL (else the test skips)."""
     with django_db_blocker.unblock():
         vendor = connection.vendor
-        settings_dict = dict(connection.settings_dict)
     if vendor != "postgresql":
         pytest.skip(f"PgBouncer sits in front of PostgreSQL; the test database is {vendor}")
-    binary = find_pgbouncer()
-    if binary is None:
+    found = find_pgbouncer()
+    if found is None:
         problem = "pgbouncer is not installed (apt-get install pgbouncer)"
         if in_ci():
             pytest.fail(f"CI=true but {problem}: CI must install it (see .ci/run)")
         pytest.skip(problem)
-    directory = Path(tempfile.mkdtemp(prefix="leasejobs-pgbouncer-"))
-    try:
-        pooler = PgBouncer.start(binary, settings_dict, directory)
-        try:
-            yield pooler
-        finally:
-            pooler.stop()
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    return found
 
 
-@pytest.fixture
-def pooled_env(bouncer: PgBouncer, subprocess_env: dict[str, str]) -> dict[str, str]:
-    """A subprocess environment whose default alias goes through the pooler (and without
+@pytest.fixture(scope="module")
+def bouncer(binary: str, django_db_blocker: Any) -> Iterator[PgBouncer]:
+    with django_db_blocker.unblock():
+        settings_dict = dict(connection.settings_dict)
+    with running(binary, settings_dict) as pooler:
+        yield pooler
+
+
+def env_through(pooler: PgBouncer, subprocess_env: dict[str, str]) -> dict[str, str]:
+    """A subprocess environment whose default alias goes through ``pooler`` (and without
     the project's ``LOGGING``, so ``runworker --log-format json`` shows the extra keys)."""
     return {
         **subprocess_env,
         "DJANGO_SETTINGS_MODULE": "tests.settings_fresh",
-        "DATABASE_URL": settings_to_database_url(bouncer.settings_dict(connection.settings_dict)),
+        "DATABASE_URL": settings_to_database_url(pooler.settings_dict(connection.settings_dict)),
         "LEASEJOBS_TEST_DIRECT_DATABASE_URL": subprocess_env["DATABASE_URL"],
     }
+
+
+@pytest.fixture
+def pooled_env(bouncer: PgBouncer, subprocess_env: dict[str, str]) -> dict[str, str]:
+    return env_through(bouncer, subprocess_env)
 
 
 @pytest.fixture
@@ -313,3 +315,46 @@ pages = ["/admin/django_leasejobs/job/", "/admin/django_leasejobs/job/dashboard/
          "/admin/django_leasejobs/worker/", "/admin/django_leasejobs/job/{job_id}/change/"]
 print(json.dumps({{page: client.get(page).status_code for page in pages}}))
 """
+
+
+# Enqueues through its (pooled) connection, then reports the notifications it collected.
+ENQUEUE_AND_COLLECT = """
+import json
+from django.db import connection
+from tests import tasks_worker
+
+for _ in range(5):
+    tasks_worker.record.enqueue({marker_dir!r}, "leak")
+print(json.dumps([n.payload for n in connection.connection.notifies(timeout=0)]))
+"""
+
+
+def test_the_checks_catch_a_listen_left_on_a_pooled_connection(
+    binary: str, subprocess_env: dict[str, str], run_manage: RunManage, marker_dir: str
+) -> None:
+    """The control for the checks above: trusting the pooled alias itself as
+    LISTEN_DATABASE leaves the LISTEN on a pooled server connection, and what the other
+    tests assert never happens does. (A pooler of its own, one server connection, so
+    the LISTEN cannot outlive the test and every transaction shares that connection.)"""
+    with running(binary, dict(connection.settings_dict), pool_size=1) as pooler:
+        env = env_through(pooler, subprocess_env)
+        factory = Workers(env)
+        try:
+            worker = factory.start(
+                options={"LISTEN_DATABASE": "default", "POLL_INTERVAL": 30},
+                args=["--concurrency", "1", "--queues", "high"],
+            )
+            worker.wait_for_log(LISTENING)
+            produced = run_manage(
+                ["shell", "-c", ENQUEUE_AND_COLLECT.format(marker_dir=marker_dir)], env=env
+            )
+            assert produced.returncode == 0, produced.stderr
+            collected = json.loads(produced.stdout.strip().splitlines()[-1])
+            # The producer's own NOTIFYs came back to it: its transactions ran on the
+            # server connection that LISTENs. (And PgBouncer may log stray ones.)
+            assert collected, pooler.log()
+            assert set(collected) == {"default"}
+            worker.terminate()
+            assert worker.wait(timeout=30) == 0, worker.output
+        finally:
+            factory.cleanup()
