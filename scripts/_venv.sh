@@ -15,10 +15,11 @@
 # virtualenv is upgraded first. A second call with nothing changed runs no pip at all: after
 # a successful install, the stamp file $VENV/.leasejobs-install.json records what it
 # installed (a hash of pyproject.toml, EXTRA_PIP, the Python version, the repository it
-# points at, and the groups installed under those, with the groups they include: after
+# points at, the package version, and the groups installed under those, with the groups they include: after
 # `dev`, `test` needs nothing). When they still match, the group's distributions are all
 # present and the package imports from this checkout, pip is skipped; a changed
-# pyproject.toml (or EXTRA_PIP, or interpreter) installs again.
+# pyproject.toml (or version, EXTRA_PIP, or interpreter) installs again. An EXTRA_PIP naming a
+# local path or a branch is not looked into: remove the stamp to install its changes.
 
 # The stamp's reader and writer: python -I -c "$_LEASEJOBS_STAMP_PY" check|write REPO GROUP STAMP.
 # Runs with -I (isolated: the current directory is not on sys.path), so the import check
@@ -30,8 +31,13 @@ from importlib import metadata
 mode, repo_root, group, stamp_path = sys.argv[1:5]
 with open(os.path.join(repo_root, "pyproject.toml"), "rb") as f:
     raw = f.read()
+# The version is read from the package (pyproject.toml: dynamic): a bump must reinstall, or
+# the editable install keeps the old version in its metadata.
+with open(os.path.join(repo_root, "django_leasejobs", "__init__.py"), "rb") as f:
+    version = re.search(rb"^__version__ = [\x27\x22]([^\x27\x22]+)", f.read(), re.M)
 key = {
     "pyproject_sha256": hashlib.sha256(raw).hexdigest(),
+    "version": version.group(1).decode() if version else "",
     "extra_pip": os.environ.get("EXTRA_PIP", ""),
     "python": sys.version,
     "repo": repo_root,

@@ -39,7 +39,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GUIDE = REPO_ROOT / "docs" / "quickstart.md"
 DIRECTIVE = re.compile(r"^<!-- quickstart: (?P<body>.*?) -->$")
-FENCE = re.compile(r"^```(?P<lang>\S*)\s*$")
+# Any fence, also indented (in a list item) or of tildes: each must carry a directive.
+FENCE = re.compile(r"^\s*(?P<fence>```|~~~)")
 UNTIL_SECONDS = 90
 STOP_SECONDS = 60
 # What the parent environment may carry that a brand-new project must not inherit.
@@ -100,9 +101,10 @@ def parse(text: str) -> list[Step]:
             pending = (directive["body"].strip(), index + 1)
             index += 1
             continue
-        if FENCE.match(line):
+        fence = FENCE.match(line)
+        if fence:
             end = index + 1
-            while end < len(lines) and lines[end].strip() != "```":
+            while end < len(lines) and lines[end].strip() != fence["fence"]:
                 end += 1
             if end == len(lines):
                 raise GuideError(f"line {index + 1}: a code block is never closed")
@@ -116,7 +118,11 @@ def parse(text: str) -> list[Step]:
             pending = None
             index = end + 1
             continue
+        if pending is not None and line.strip():
+            raise GuideError(f"line {pending[1]}: a directive not followed by a code block")
         index += 1
+    if pending is not None:
+        raise GuideError(f"line {pending[1]}: a directive not followed by a code block")
     return steps
 
 

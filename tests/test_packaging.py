@@ -56,12 +56,18 @@ if sys.argv[1] == "import":
     from django.core.exceptions import ImproperlyConfigured
 
     try:
-        import django_leasejobs  # noqa: F401
+        from django_leasejobs import task  # noqa: F401
     except ImportError as exc:
         print("caught", type(exc).__name__, exc.name, isinstance(exc, ImproperlyConfigured))
         print("message", exc)
         sys.exit(3)
     print("imported")
+elif sys.argv[1] == "plugin":
+    # What pytest does at start-up in any project of this environment (the pytest11 entry
+    # point): it must not fail there, whether or not the project uses the kit.
+    import django_leasejobs.testing.pytest_plugin  # noqa: F401
+
+    print("plugin imported")
 else:
     django.setup()
     print("set up")
@@ -101,6 +107,12 @@ def test_django52_without_backport_says_what_to_install() -> None:
     assert imported.returncode == 3, imported.stdout + imported.stderr
     assert "caught MissingTasksBackport django_tasks True" in imported.stdout
     assert "[django52]" in imported.stdout
+
+    # The testing kit's plugin, which pytest loads in every run of this environment, does
+    # not import the task framework: a missing backport cannot break unrelated test runs.
+    plugin = run_without_backport("plugin")
+    assert plugin.returncode == 0, plugin.stdout + plugin.stderr
+    assert plugin.stdout.strip() == "plugin imported"
 
 
 @pytest.mark.skipif(django.VERSION < (6, 0), reason="Django 5.2 needs the backport")

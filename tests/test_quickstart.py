@@ -35,6 +35,10 @@ def test_every_block_of_the_guide_carries_a_directive_the_script_can_do() -> Non
         ("<!-- quickstart: write a.py if django<6 -->\n```python\n```\n", "cannot do"),
         ("<!-- quickstart: skip -->\n```bash\nls\n```\n", "cannot do the directive 'skip'"),
         ("<!-- quickstart: run -->\n```bash\nls\n", "never closed"),
+        ("* a list item:\n\n  ```bash\n  ls\n  ```\n", "line 3: a code block without"),
+        ("~~~python\nprint()\n~~~\n", "line 1: a code block without"),
+        ("<!-- quickstart: run -->\ntext\n```bash\nls\n```\n", "line 1: a directive not followed"),
+        ("text\n<!-- quickstart: run -->\n", "line 2: a directive not followed"),
     ],
 )
 def test_a_block_the_script_would_not_run_is_refused(guide: str, problem: str) -> None:
