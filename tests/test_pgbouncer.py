@@ -21,10 +21,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection
 
 from django_leasejobs.models import Job, JobStatus
+from django_leasejobs.worker.listener import listen_connection_params, pooler_in_between
 from testproject.embedded_db import settings_to_database_url
 from tests import tasks_worker_flow
 from tests.browser import in_ci
@@ -358,3 +360,17 @@ def test_the_checks_catch_a_listen_left_on_a_pooled_connection(
             assert worker.wait(timeout=30) == 0, worker.output
         finally:
             factory.cleanup()
+
+
+def test_the_listener_sees_the_pooler_between_it_and_the_server(bouncer: PgBouncer) -> None:
+    """The decision itself: through the pooler, the server's session serves PgBouncer's
+    socket, not ours (one query, no NOTIFY)."""
+    params = {**listen_connection_params("default"), "host": "127.0.0.1", "port": bouncer.port}
+    with psycopg.connect(**params, autocommit=True) as conn:
+        why = pooler_in_between(conn)
+    # "this connection is 127.0.0.1:<ours> -> port <pooler's>, but the server serves
+    # 127.0.0.1:<the pooler's> -> port 5432" (or "a Unix-socket client", embedded).
+    assert f" -> port {bouncer.port}), but the server serves a Unix-socket client" in why or (
+        f" -> port {bouncer.port}, but the server serves 127.0.0.1:" in why
+    ), why
+    assert_no_stray_notification(bouncer)
