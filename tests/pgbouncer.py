@@ -8,14 +8,17 @@ handle, and stops it and removes the directory at the end. Debian's ``pgbouncer`
 package provides the binary (.ci/run installs it when missing; the package's own
 service is never used).
 
-PgBouncer refuses to run as root: as root it is started with ``-u nobody`` and the
-directory is handed to that user.
+PgBouncer refuses to run as root: as root it is started with ``-u USER`` and the
+directory is handed to that user: the owner of the server's Unix socket directory
+(the embedded server keeps its socket in its private data directory), or ``nobody``
+for a server on TCP.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -32,6 +35,7 @@ STRAY_NOTIFICATION = "got packet 'A' from server when not linked"
 was using: a ``LISTEN`` was left behind on a pooled connection."""
 
 RUN_AS_WHEN_ROOT = "nobody"
+"""(Unless the server is on a Unix socket: then the owner of its directory.)"""
 
 
 def find_pgbouncer() -> str | None:
@@ -101,10 +105,13 @@ class PgBouncer:
         )
         argv = [binary]
         if os.geteuid() == 0:
-            shutil.chown(directory, RUN_AS_WHEN_ROOT)
+            run_as = RUN_AS_WHEN_ROOT
+            if host.startswith("/"):
+                run_as = pwd.getpwuid(os.stat(host).st_uid).pw_name
+            shutil.chown(directory, run_as)
             for path in directory.iterdir():
-                shutil.chown(path, RUN_AS_WHEN_ROOT)
-            argv += ["-u", RUN_AS_WHEN_ROOT]
+                shutil.chown(path, run_as)
+            argv += ["-u", run_as]
         argv.append(str(directory / "pgbouncer.ini"))
         process = subprocess.Popen(
             argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
@@ -141,7 +148,7 @@ def running(binary: str, direct: Mapping[str, Any], pool_size: int = 20) -> Iter
     """A PgBouncer in front of the database of ``direct`` for the duration of the block.
 
     (Its directory is made in the system's temporary directory, which every user can
-    reach: as root the pooler runs as ``nobody``.)
+    reach: as root the pooler runs as another user.)
     """
     directory = Path(tempfile.mkdtemp(prefix="leasejobs-pgbouncer-"))
     try:
