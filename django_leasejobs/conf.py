@@ -36,6 +36,7 @@ W_HEARTBEAT_TOO_SLOW = "leasejobs.W001"
 W_LEASE_TOO_SHORT = "leasejobs.W002"
 W_POLL_TOO_FAST = "leasejobs.W003"
 W_HEARTBEAT_TOO_FAST = "leasejobs.W004"
+W_IDLE_POLL_BELOW_POLL = "leasejobs.W005"
 
 MAX_SECONDS = 2_147_483.647
 """Longest duration of any option: 2**31 - 1 milliseconds (about 24.8 days).
@@ -71,6 +72,10 @@ class Options:
     lock_lost_behavior: LockLostBehavior = "sigkill"
     lock_lost_grace: float = 10.0
     poll_interval: float = 1.0
+    idle_poll_interval: float = 30.0
+    """How often an idle worker whose listener is listening looks for work anyway (the
+    safety poll): NOTIFY wakes it for new jobs, and it also wakes when the earliest
+    pending ``run_after`` of its queues comes due. Never below ``poll_interval``."""
     database: str = "default"
     listen_database: str | None = None
     """Alias the worker LISTENs on (None: ``database``, unless that is pooled)."""
@@ -93,6 +98,7 @@ _NUMBERS: dict[str, tuple[str, type, float, bool]] = {
     "MAX_STALLS": ("max_stalls", int, 1, False),
     "LOCK_LOST_GRACE": ("lock_lost_grace", float, 0, False),
     "POLL_INTERVAL": ("poll_interval", float, 0, True),
+    "IDLE_POLL_INTERVAL": ("idle_poll_interval", float, 0, True),
 }
 KNOWN_OPTIONS = frozenset(
     {
@@ -113,6 +119,9 @@ _TOO_LONG_BREAKS = {
         "refuses above 2,147,483,647, so the worker could never connect"
     ),
     "POLL_INTERVAL": (
+        "an idle worker waits in poll(2), which takes at most 2,147,483,647 milliseconds"
+    ),
+    "IDLE_POLL_INTERVAL": (
         "an idle worker waits in poll(2), which takes at most 2,147,483,647 milliseconds"
     ),
 }
@@ -290,6 +299,21 @@ def parse_options(
 
     options = Options(**values)
     problems.extend(_timing_warnings(options))
+    if options.idle_poll_interval < options.poll_interval:
+        if "idle_poll_interval" in values:  # set below POLL_INTERVAL: say so
+            problems.append(
+                Problem(
+                    W_IDLE_POLL_BELOW_POLL,
+                    f"IDLE_POLL_INTERVAL ({options.idle_poll_interval:g}s) is below "
+                    f"POLL_INTERVAL ({options.poll_interval:g}s): a worker that listens for "
+                    "NOTIFY would look for work more often than one that cannot; "
+                    "POLL_INTERVAL is used instead.",
+                    hint="Keep IDLE_POLL_INTERVAL at least POLL_INTERVAL (default 30 s).",
+                    warning=True,
+                )
+            )
+        values["idle_poll_interval"] = options.poll_interval  # (a long POLL_INTERVAL alone)
+        options = Options(**values)
     # Comparing with a rejected value's default would only confuse: skip it then.
     compare = not rejected & {"LEASE_DURATION", "HEARTBEAT_INTERVAL"}
     if options.heartbeat_interval >= options.lease_duration:

@@ -1,8 +1,13 @@
 """PostgreSQL ``LISTEN leasejobs``: wake an idle worker the moment a job is enqueued.
 
 The backend sends ``pg_notify('leasejobs', <queue>)`` in the enqueueing transaction,
-so the notification arrives on commit. Polling (``POLL_INTERVAL``) stays the
-fallback; a lost listener connection is re-opened with backoff.
+so the notification arrives on commit (the reaper and a worker giving jobs back send
+one too). While ``LISTEN`` is active the worker's ``listening`` is true and an idle
+worker polls only every ``IDLE_POLL_INTERVAL`` and when its queues' next delayed job
+comes due; otherwise (pooled, connection lost, not PostgreSQL) it polls every
+``POLL_INTERVAL``. A lost listener connection is re-opened with backoff. The
+connection gets the worker's TCP hardening (``Worker._harden_connections`` sets it
+on ``LISTEN_DATABASE``'s settings as on ``DATABASE``'s).
 
 ``LISTEN`` belongs to a server session. Behind a pooler in transaction mode
 (PgBouncer) it would land on a server connection that other clients' transactions
@@ -169,12 +174,21 @@ class Listener(_WorkerThread):
                         self.alias,
                         extra={"worker": self.worker.worker_id, "database": self.alias},
                     )
-                    self.worker.notify_jobs()  # jobs may have come while we were not listening
-                    while not self.stop_event.is_set():
-                        for notify in conn.notifies(timeout=0.5):
-                            queues = self.worker.queues
-                            if queues is None or notify.payload in queues:
-                                self.worker.notify_jobs()
+                    try:
+                        # From now on NOTIFY wakes the worker: idle, it polls only every
+                        # IDLE_POLL_INTERVAL and when its next delayed job comes due.
+                        self.worker.listening = True
+                        self.worker.notify_jobs()  # jobs may have come while not listening
+                        while not self.stop_event.is_set():
+                            for notify in conn.notifies(timeout=0.5):
+                                queues = self.worker.queues
+                                if queues is None or notify.payload in queues:
+                                    self.worker.notify_jobs()
+                    finally:
+                        # Back to polling every POLL_INTERVAL at once (a claim now, too:
+                        # jobs may be enqueued while nothing listens).
+                        self.worker.listening = False
+                        self.worker.notify_jobs()
             except psycopg.Error as exc:
                 failures += 1
                 logger.warning(

@@ -36,12 +36,13 @@ from typing import Any, Literal
 from django.db import DatabaseError, connections
 from django.utils.crypto import get_random_string
 
-from .. import registry
-from ..backend import STATUS_TO_RESULT, LeaseJobsBackend, attempt_history
+from .. import leases, registry
+from ..backend import NOTIFY_CHANNEL, STATUS_TO_RESULT, LeaseJobsBackend, attempt_history
 from ..compat import Task, TaskResult, task_backends, task_finished, task_started
 from ..exceptions import TaskFailed, task_failure
 from ..functions import DatabaseNow
 from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress, storable_text
+from ..leases.dialect import dialect, placeholders
 from ..logs import log_failure
 from ..models import AttemptOutcome, JobAttempt, JobStatus, WorkerState
 from ..models import Worker as WorkerRow
@@ -76,6 +77,10 @@ statement well inside the databases' bound-parameter limits."""
 
 PROBLEM_MEMORY = 600.0
 """How long a worker reports an attempt it gave up recording (on its registry row)."""
+
+DUE_MARGIN = 0.02
+"""An idle worker waiting for a delayed job to come due claims this long after its
+``run_after`` (seconds), so that the claim does not come a hair too early."""
 
 PREFETCH_MAX_WAIT = 1.0
 """A prefetched job that waited this long for a slot (a long job came among short
@@ -178,6 +183,13 @@ class Worker:
         self._next_poll = 0.0
         self._claim_wanted = True
         self._last_claimed: int | None = None
+        self.listening = False
+        """The listener's ``LISTEN`` is active (set by the listener thread): NOTIFY wakes
+        this worker, so when idle it polls only every ``IDLE_POLL_INTERVAL`` and when the
+        next delayed job of its queues comes due; else every ``POLL_INTERVAL``."""
+        self._next_due: float | None = None
+        """Seconds from the last empty claim to the earliest pending ``run_after`` of this
+        worker's queues (None: none pending); only looked up while ``listening``."""
         self._selector: selectors.BaseSelector | None = None
         self._selected: list[Any] = []
         self._thread_stops: list[Lease] = []
@@ -204,11 +216,9 @@ class Worker:
         On PostgreSQL over TCP, the worker's connections get TCP keepalives, a
         ``tcp_user_timeout`` of one lease and a connect timeout, unless the site's
         ``DATABASES[...]["OPTIONS"]`` sets them. (libpq ignores them on Unix sockets.)
+        That is ``DATABASE`` and, when set, ``LISTEN_DATABASE`` (the listener's
+        connection parameters are read from the alias's settings).
         """
-        settings_dict = connections.settings[self.database]
-        if settings_dict.get("ENGINE", "").rsplit(".", 1)[-1] != "postgresql":
-            return
-        options = settings_dict.setdefault("OPTIONS", {})
         defaults = {
             "connect_timeout": 10,
             "keepalives": 1,
@@ -217,8 +227,16 @@ class Worker:
             "keepalives_count": 3,
             "tcp_user_timeout": int(self.options.lease_duration * 1000),
         }
-        for key, value in defaults.items():
-            options.setdefault(key, value)
+        aliases = [self.database]
+        if self.options.listen_database is not None:
+            aliases.append(self.options.listen_database)
+        for alias in aliases:
+            settings_dict = connections.settings[alias]
+            if settings_dict.get("ENGINE", "").rsplit(".", 1)[-1] != "postgresql":
+                continue
+            options = settings_dict.setdefault("OPTIONS", {})
+            for key, value in defaults.items():
+                options.setdefault(key, value)
 
     def wake(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
@@ -562,9 +580,89 @@ class Worker:
             queues=self.queues,
             lease_duration=self.options.lease_duration,
         )
-        future = self._db.submit(run_round, plan, ctx)
+        future = self._db.submit(self._run_round, plan, ctx)
         future.add_done_callback(lambda _: self.wake())  # runs once done() is true
         self._round = (plan, future)
+
+    def _run_round(self, plan: RoundPlan, ctx: RoundContext) -> RoundResult:
+        """One round, in the database thread; then what the idle wait needs.
+
+        Jobs this round gave back (prefetched jobs, or released at shutdown) get a
+        NOTIFY, so idle workers that wait on one take them at once. After an empty
+        claim by a listening worker, one more query finds when its next delayed job
+        comes due: a NOTIFY is sent at enqueue, not when ``run_after`` passes.
+        """
+        result = run_round(plan, ctx)
+        self._next_due = None
+        if result.error is None:
+            try:
+                self._notify_given_back(plan, result)
+                if self.listening and plan.claim_limit and result.claimed == []:
+                    self._next_due = self._seconds_to_next_due()
+            except Exception as exc:  # the idle wait falls back to POLL_INTERVAL
+                self._next_due = 0.0
+                logger.warning(
+                    "looking up the next due job failed: %s",
+                    storable_text(exc, 500),
+                    extra={"worker": self.worker_id, "error": storable_text(exc, 500)},
+                )
+                with contextlib.suppress(DatabaseError):
+                    connections[self.database].close()
+        return result
+
+    def _notify_given_back(self, plan: RoundPlan, result: RoundResult) -> None:
+        queues: set[str] = set()
+        if result.unclaimed:
+            queues.update(r.job.queue for r, _ in plan.unclaims if r.job.lease in result.unclaimed)
+        for done, (running, what) in zip(result.singles_done, plan.singles, strict=False):
+            if done and what[0] == "shutdown":
+                queues.add(running.job.queue)
+        if queues:
+            leases.notify(NOTIFY_CHANNEL, sorted(queues), using=self.database)
+
+    def _seconds_to_next_due(self) -> float | None:
+        """Seconds until the earliest pending ``run_after`` of this worker's queues, by the
+        database's clock (negative: due already); None when nothing is pending. One
+        query over the pending jobs' partial index (PostgreSQL: only a listening worker
+        asks)."""
+        if connections[self.database].vendor != "postgresql":
+            return 0.0
+        if self.queues is not None and not self.queues:
+            return None
+        d = dialect(self.database)
+        earliest = "EXTRACT(EPOCH FROM MIN(j.run_after) - statement_timestamp())"
+        sql = f"SELECT {earliest} FROM {d.jobs} AS j WHERE j.status = 'pending' AND j.backend = %s"  # noqa: S608 - identifiers quoted, values bound
+        params: list[Any] = [self.backend.alias]
+        if self.queues is not None:
+            sql += f" AND j.queue IN ({placeholders(len(self.queues))})"
+            params.extend(self.queues)
+        with connections[self.database].cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    def _idle_wait(self) -> float:
+        """How long an idle worker waits before it looks for work again (unless woken).
+
+        Not listening: ``POLL_INTERVAL``. Listening: ``IDLE_POLL_INTERVAL`` (the safety
+        poll), but never past the moment its next delayed job comes due; a job due
+        already that the claim did not get (another worker's claim held it) is looked
+        for again after ``POLL_INTERVAL``.
+        """
+        poll = wait = self.options.poll_interval
+        if self.listening:
+            wait = self.options.idle_poll_interval
+            due = self._next_due
+            if due is not None:
+                wait = min(wait, due + DUE_MARGIN if due > 0 else poll)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "no job ready; next look for work in %.3fs (%s)",
+                wait,
+                "listening" if self.listening else "polling",
+                extra={"worker": self.worker_id, "duration": round(wait, 6)},
+            )
+        return wait
 
     def _plan(self, claim_limit: int) -> RoundPlan:
         """Sort the queued outcomes into a round; drop those whose lease is presumed lost."""
@@ -740,7 +838,7 @@ class Worker:
         if len(claimed) >= limit:
             self._claim_wanted = True  # a full batch: there may be more ready jobs now
         elif not claimed:
-            self._next_poll = now + self.options.poll_interval
+            self._next_poll = now + self._idle_wait()
         for job in claimed:
             try:
                 task: Task | None = registry.resolve(job.task_path)

@@ -1,0 +1,170 @@
+"""What an idle worker costs the database, with real ``runworker`` subprocesses.
+
+A worker whose listener is listening (PostgreSQL, direct connection) waits on NOTIFY
+and looks for work only every ``IDLE_POLL_INTERVAL`` and when the next delayed job of
+its queues comes due; a worker that cannot listen (SQLite, a lost listener
+connection) polls every ``POLL_INTERVAL``. Every claim of an idle worker leaves one
+DEBUG line ``no job ready; next look for work in ...s (listening|polling)``, which is
+what these tests count.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from django_leasejobs.models import Job, JobStatus
+from tests import tasks_retry, tasks_worker_flow
+from tests.worker_harness import WorkerProcess, Workers, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EXIT_TIMEOUT = 30.0
+IDLE_LINE = re.compile(r"no job ready; next look for work in ([0-9.]+)s \((listening|polling)\)")
+OPTIONS = {"POLL_INTERVAL": 0.2, "IDLE_POLL_INTERVAL": 60}
+ARGS = ["--concurrency", "1", "--log-level", "DEBUG", "--no-scheduler"]
+FRESH = {"DJANGO_SETTINGS_MODULE": "tests.settings_fresh"}
+"""No ``LOGGING``: ``runworker`` prints its own lines, at ``--log-level DEBUG``."""
+
+
+def idle_waits(worker: WorkerProcess) -> list[tuple[float, str]]:
+    """Every idle wait the worker chose so far: (seconds, listening or polling)."""
+    return [(float(m[1]), m[2]) for m in IDLE_LINE.finditer(worker.output)]
+
+
+def job(pk: int | str) -> Job:
+    return Job.objects.get(pk=int(pk))
+
+
+def succeeded(pk: int | str) -> Job | None:
+    row = job(pk)
+    return row if row.status == JobStatus.SUCCEEDED else None
+
+
+def require_postgresql() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
+
+
+def listening_and_idle(worker: WorkerProcess) -> None:
+    worker.wait_for_log("listening for new jobs", timeout=15)
+    wait_until(
+        lambda: any(mode == "listening" for _, mode in idle_waits(worker)),
+        timeout=15,
+        what="the worker's first idle wait while listening",
+    )
+
+
+def test_an_idle_listening_worker_waits_on_notify_not_on_the_poll(
+    workers: Workers, marker_dir: str
+) -> None:
+    require_postgresql()
+    worker = workers.start(options=OPTIONS, args=ARGS, env=FRESH)
+    listening_and_idle(worker)
+    assert (60.0, "listening") in idle_waits(worker), worker.output
+
+    # A job that comes due in 3 s: the NOTIFY at enqueue wakes the worker, its claim
+    # finds nothing ready, and it waits until the job is due (not 60 s, not 0.2 s).
+    before = len(idle_waits(worker))
+    delayed = tasks_worker_flow.record_id.using(
+        run_after=timezone.now() + timedelta(seconds=3)
+    ).enqueue(marker_dir, "delayed")
+    row = wait_until(lambda: succeeded(delayed.id), timeout=30, what="the delayed job to run")
+    assert row.started_at is not None
+    late = (row.started_at - row.run_after).total_seconds()  # both by the database's clock
+    assert 0 <= late < 5, f"started {late:.3f}s after its run_after\n{worker.output}"
+    # While it waited 3 s for the job, the worker looked for work a handful of times, not
+    # every POLL_INTERVAL (0.2 s: about 15 claims).
+    during = idle_waits(worker)[before:]
+    assert len(during) <= 4, during
+    assert any(mode == "listening" and 1.0 < wait <= 3.1 for wait, mode in during), during
+
+    # Idle again, waiting up to 60 s: an enqueued job wakes it at once.
+    wait_until(
+        lambda: idle_waits(worker)[-1] == (60.0, "listening"),
+        timeout=15,
+        what="the worker to wait on the safety poll again",
+    )
+    quiet = len(idle_waits(worker))
+    now = tasks_worker_flow.record_id.enqueue(marker_dir, "now")
+    row = wait_until(lambda: succeeded(now.id), timeout=10, what="the job to run (NOTIFY)")
+    assert row.started_at is not None
+    assert row.started_at - row.enqueued_at < timedelta(seconds=2), worker.output
+    # Nothing looked for work between the quiet point and the enqueue but that NOTIFY.
+    assert len(idle_waits(worker)) - quiet <= 2, idle_waits(worker)[quiet:]
+    worker.terminate()
+    assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.output
+
+
+def test_a_snoozed_job_starts_again_when_due_on_an_idle_listening_worker(
+    workers: Workers, marker_dir: str
+) -> None:
+    """A retry's or snooze's new ``run_after`` sends no NOTIFY: the worker that wrote it
+    waits until it comes due, not for the 60 s safety poll."""
+    require_postgresql()
+    worker = workers.start(options=OPTIONS, args=ARGS, env=FRESH)
+    listening_and_idle(worker)
+    result = tasks_retry.snoozes_once.enqueue(3.0)
+    row = wait_until(lambda: succeeded(result.id), timeout=30, what="the snoozed job to succeed")
+    assert row.last_attempted_at is not None and row.started_at is not None
+    assert row.run_after - row.started_at >= timedelta(seconds=3)  # snoozed 3 s
+    late = (row.last_attempted_at - row.run_after).total_seconds()
+    assert 0 <= late < 5, f"started again {late:.3f}s after its run_after\n{worker.output}"
+    worker.terminate()
+    assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.output
+
+
+def test_a_worker_whose_listener_connection_drops_polls_at_once(
+    workers: Workers, marker_dir: str
+) -> None:
+    require_postgresql()
+    worker = workers.start(options=OPTIONS, args=ARGS, env=FRESH)
+    listening_and_idle(worker)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND query = 'LISTEN leasejobs'"
+        )
+        assert cursor.fetchall(), "no listener connection found"
+    worker.wait_for_log("LISTEN connection failed", timeout=15)
+    wait_until(
+        lambda: (0.2, "polling") in idle_waits(worker),
+        timeout=10,
+        what="the worker to poll every POLL_INTERVAL",
+    )
+    # It listens again after its backoff, and goes back to the slow safety poll.
+    worker.wait_for_log("listening for new jobs", timeout=20, count=2)
+    result = tasks_worker_flow.record_id.enqueue(marker_dir, "after")
+    wait_until(lambda: succeeded(result.id), timeout=15, what="the job to run")
+    worker.terminate()
+    assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.output
+
+
+def test_a_worker_that_cannot_listen_polls_every_poll_interval(
+    workers: Workers, marker_dir: str
+) -> None:
+    if connection.vendor == "postgresql":
+        pytest.skip("polling instead of LISTEN: the databases without NOTIFY")
+    worker = workers.start(options=OPTIONS, args=ARGS, env=FRESH)
+    wait_until(
+        lambda: len(idle_waits(worker)) >= 5,
+        timeout=15,
+        what="the worker to poll a few times",
+    )
+    assert set(idle_waits(worker)) == {(0.2, "polling")}, idle_waits(worker)
+    result = tasks_worker_flow.record_id.enqueue(marker_dir, "polled")
+    row = wait_until(lambda: succeeded(result.id), timeout=15, what="the job to run")
+    assert row.started_at is not None
+    delayed = tasks_worker_flow.record_id.using(
+        run_after=timezone.now() + timedelta(seconds=2)
+    ).enqueue(marker_dir, "delayed")
+    row = wait_until(lambda: succeeded(delayed.id), timeout=30, what="the delayed job to run")
+    assert row.started_at is not None
+    late = (row.started_at - row.run_after).total_seconds()
+    assert 0 <= late < 5, f"started {late:.3f}s after its run_after\n{worker.output}"
+    worker.terminate()
+    assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.output
