@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -27,7 +28,7 @@ RunManage = Callable[..., "subprocess.CompletedProcess[str]"]
 def _subprocess_env_base(django_db_setup: None) -> dict[str, str]:
     # After django_db_setup, the connection's settings name the test database
     # (test_<name> on PostgreSQL, the temporary file on SQLite).
-    from django.db import connection
+    from django.db import connection, connections
 
     env = dict(os.environ)
     paths = [str(REPO_ROOT), str(TESTPROJECT_DIR)]
@@ -37,6 +38,10 @@ def _subprocess_env_base(django_db_setup: None) -> dict[str, str]:
         DJANGO_SETTINGS_MODULE="tests.settings",
         PYTHONPATH=os.pathsep.join(paths),
         DATABASE_URL=settings_to_database_url(connection.settings_dict),
+        # tests/settings.py's second database (its test database when a test asked for it)
+        LEASEJOBS_TEST_SECOND_DATABASE_NAME=str(
+            connections["leasejobs_second"].settings_dict["NAME"]
+        ),
         LEASEJOBS_TEST_SUBPROCESS="1",
         PYTHONUNBUFFERED="1",
     )
@@ -49,12 +54,19 @@ def _mirror_alias_ready(django_db_setup: None, django_db_blocker: Any) -> None:
     of the test database) once, as Django asked default's while it set the database up:
     system checks run by tests without database access (Django 6 checks JSONField
     support on every alias) then need no query."""
-    from django.db import connections
+    from django.db import DatabaseError, connections
 
     with django_db_blocker.unblock():
         mirror = connections["leasejobs_mirror"]
         assert mirror.features.supports_json_field
         mirror.close()
+        # The same for the second database (tests/settings.py), set up or not: on SQLite
+        # its file is in the run's temporary directory; on PostgreSQL the feature needs no
+        # query; on MySQL a server without that database is left for checks to report.
+        second = connections["leasejobs_second"]
+        with contextlib.suppress(DatabaseError):
+            assert second.features.supports_json_field
+        second.close()
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ if not os.environ.get("DATABASE_URL"):
     ensure_database_url(None, throwaway=True)
 
 from testproject.settings import *  # noqa: E402, F403
-from testproject.settings import DATABASES, INSTALLED_APPS  # noqa: E402
+from testproject.settings import DATABASES, INSTALLED_APPS, TASKS  # noqa: E402
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests"]
 
@@ -69,6 +69,23 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" and not IN_TES
         "NAME": os.path.join(_sqlite_dir, "test.sqlite3"),
     }
 
+# A second, real database for tests/test_two_databases.py (backends on two databases):
+# the same server as default, its own database (on SQLite a second file). pytest-django
+# creates its test database only when a test asks for the alias. Subprocesses get the
+# test database's name in LEASEJOBS_TEST_SECOND_DATABASE_NAME (tests/conftest.py).
+DATABASES["leasejobs_second"] = {
+    **DATABASES["default"],
+    "OPTIONS": dict(DATABASES["default"].get("OPTIONS") or {}),
+    "TEST": {k: v for k, v in DATABASES["default"].get("TEST", {}).items() if k != "NAME"},
+}
+if os.environ.get("LEASEJOBS_TEST_SECOND_DATABASE_NAME"):
+    DATABASES["leasejobs_second"]["NAME"] = os.environ["LEASEJOBS_TEST_SECOND_DATABASE_NAME"]
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" and not IN_TEST_SUBPROCESS:
+    DATABASES["leasejobs_second"]["NAME"] = os.path.join(_sqlite_dir, "second.sqlite3")
+    DATABASES["leasejobs_second"]["TEST"]["NAME"] = os.path.join(_sqlite_dir, "test_second.sqlite3")
+else:
+    DATABASES["leasejobs_second"]["NAME"] = f"{DATABASES['default']['NAME']}_second"
+
 # Worker tests start real `runworker` subprocesses with short timings: they pass the
 # backend OPTIONS as JSON in LEASEJOBS_TEST_OPTIONS (merged over the defaults).
 if os.environ.get("LEASEJOBS_TEST_OPTIONS"):
@@ -86,3 +103,10 @@ if os.environ.get("LEASEJOBS_TEST_OPTIONS"):
             },
         },
     }
+
+# More TASKS entries for a subprocess, as JSON in LEASEJOBS_TEST_TASKS (alias -> entry,
+# added to or replacing the project's; tests/test_two_databases.py).
+if os.environ.get("LEASEJOBS_TEST_TASKS"):
+    import json
+
+    TASKS = {**TASKS, **json.loads(os.environ["LEASEJOBS_TEST_TASKS"])}
