@@ -202,6 +202,10 @@ def test_producers_and_both_pools_poll_behind_the_pooler_without_listen_database
     assert_no_stray_notification(bouncer)
 
 
+IDLE_MAIN_LOOP = ("WITH picked AS", "SELECT EXTRACT(EPOCH FROM MIN(j.run_after)")
+"""The last statement of an idle main loop: its claim, then (listening) the next-due lookup."""
+
+
 def idle_queries() -> list[str]:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -226,7 +230,7 @@ def test_listen_database_wakes_an_idle_worker_behind_the_pooler_at_once(
     wait_until(
         lambda: (
             "LISTEN leasejobs" in (queries := idle_queries())
-            and any(q.startswith("WITH picked AS") for q in queries)
+            and any(q.startswith(IDLE_MAIN_LOOP) for q in queries)
         ),
         timeout=15,
         what="the worker to listen and go idle",

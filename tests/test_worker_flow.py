@@ -424,6 +424,10 @@ def test_priority_order_is_respected_with_one_slot(workers: Workers, marker_dir:
 # --------------------------------------------------------------------------- LISTEN/NOTIFY
 
 
+IDLE_MAIN_LOOP = ("WITH picked AS", "SELECT EXTRACT(EPOCH FROM MIN(j.run_after)")
+"""The last statement of an idle main loop: its claim, then (listening) the next-due lookup."""
+
+
 def idle_queries() -> list[str]:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -445,7 +449,7 @@ def test_notify_wakes_an_idle_worker_long_before_its_poll_interval(
     wait_until(
         lambda: (
             "LISTEN leasejobs" in (queries := idle_queries())
-            and any(q.startswith("WITH picked AS") for q in queries)
+            and any(q.startswith(IDLE_MAIN_LOOP) for q in queries)
         ),
         timeout=15,
         what="the worker to listen and go idle",
