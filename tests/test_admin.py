@@ -7,6 +7,7 @@ the one direct write is moving a lease's expiry into the past (database clock).
 
 from __future__ import annotations
 
+import html
 import re
 import time
 from collections.abc import Iterable
@@ -240,11 +241,46 @@ def confirm_delete(client: Client, ids: Iterable[int], **extra: str) -> HttpResp
     return client.post(CHANGELIST, data)
 
 
+def page_form(page: HttpResponse) -> dict[str, list[str]]:
+    """The hidden fields of the delete confirmation page's form, as it posts them."""
+    assert page.status_code == 200, page.status_code
+    found = re.search(r'<form method="post">(.*?)</form>', page.content.decode(), re.S)
+    assert found, "no form on the page"
+    fields: dict[str, list[str]] = {}
+    for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', found[1]):
+        fields.setdefault(name, []).append(html.unescape(value))
+    return fields
+
+
+def confirm_on_page(
+    client: Client, page: HttpResponse, url: str = CHANGELIST, **changed: list[str]
+) -> HttpResponse:
+    """Press *Yes, I'm sure* on a delete confirmation page: post its form back."""
+    return client.post(url, {**page_form(page), **changed})
+
+
+def finish(job_id: int) -> None:
+    """The worker's part: claim the one ready job, ``job_id``, and complete it."""
+    c = claim(job_id)
+    leases.complete(c.id, c.attempt, WORKER, result=3)
+
+
+def database_clock_past(job_ids: Iterable[int]) -> None:
+    """Until the database's clock is past the ``finished_at`` of ``job_ids`` (SQLite's
+    clock has millisecond steps)."""
+    latest = max(Job.objects.filter(pk__in=list(job_ids)).values_list("finished_at", flat=True))
+    deadline = time.monotonic() + 2
+    while leases.database_now() <= latest:
+        assert time.monotonic() < deadline, "the database clock does not move"
+        time.sleep(0.001)
+
+
 def run_action(client: Client, action: str, ids: Iterable[int]) -> HttpResponse:
     """Run an action as a person does: choose it, and confirm a deletion when asked."""
     response = post_action(client, action, ids)
     if action == "delete_finished" and response.status_code == 200:
-        response = confirm_delete(client, ids)
+        asked = response.templates[0].name.endswith("delete_finished_confirmation.html")
+        response = confirm_on_page(client, response) if asked else confirm_delete(client, ids)
     return response
 
 
@@ -788,9 +824,11 @@ def test_delete_finished_asks_first_and_deletes_nothing(
     assert "2 selected jobs are not finished (pending or running) and stay." in content
     listed = re.findall(r'<li><a href="([^"]+)">', content)
     assert listed == [change_url(i) for i in sorted(finished, reverse=True)]
-    for job_id in finished + active:  # the form carries the whole selection back
-        assert f'name="_selected_action" value="{job_id}"' in content
-    assert 'name="post" value="yes"' in content
+    form = page_form(response)  # the finished jobs it counted, not the whole selection
+    assert form["_selected_action"] == [str(i) for i in sorted(finished)]
+    assert form["select_across"] == ["0"]
+    assert form["post"] == ["yes"]
+    assert "leasejobs_upto" not in form
     assert 'name="csrfmiddlewaretoken"' in content
     assert Job.objects.filter(pk__in=finished + active).count() == 6
     assert not LogEntry.objects.exists()
@@ -858,22 +896,126 @@ def test_delete_finished_on_a_running_job_is_skipped_without_asking(
 def test_delete_finished_across_all_selects_only_finished(
     admin_client: Client, states: dict[str, int]
 ) -> None:
+    finished = [states[s] for s in ("succeeded", "failed", "dead", "cancelled")]
     asked = post_action(admin_client, "delete_finished", [states["pending"]], select_across="1")
     assert asked.status_code == 200
-    assert b'name="select_across" value="1"' in asked.content
     assert b"delete 4 finished jobs" in asked.content
     assert b"5 selected jobs are not finished" in asked.content
+    form = page_form(asked)  # few enough: their ids, not "select all" again
+    assert form["_selected_action"] == [str(i) for i in sorted(finished)]
+    assert form["select_across"] == ["0"]
     assert Job.objects.count() == len(states)
 
-    response = confirm_delete(admin_client, [states["pending"]], select_across="1")
+    response = confirm_on_page(admin_client, asked)
 
-    assert messages_of(response) == [
-        "Deleted 4 jobs. Skipped 5: 5 not finished (pending or running)."
-    ]
+    assert messages_of(response) == ["Deleted 4 jobs."]
     remaining = set(Job.objects.values_list("pk", flat=True))
     assert remaining == {
         states[s] for s in ("running", "expired", "cancel_requested", "scheduled", "pending")
     }
+
+
+def test_delete_finished_keeps_a_selected_job_that_finished_after_the_confirmation_page(
+    admin_client: Client,
+) -> None:
+    """The page said the pending job stays: it stays, though it finished meanwhile."""
+    done = succeeded_job()
+    pending = enqueue()
+    asked = post_action(admin_client, "delete_finished", [done, pending])
+    assert b"1 selected job is not finished (pending or running) and stays." in asked.content
+    finish(pending)  # meanwhile, a worker runs it
+
+    response = confirm_on_page(admin_client, asked)
+
+    assert messages_of(response) == ["Deleted 1 job."]
+    assert not Job.objects.filter(pk=done).exists()
+    assert status_of(pending) == JobStatus.SUCCEEDED
+    assert [int(e.object_id) for e in LogEntry.objects.filter(action_flag=DELETION)] == [done]
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["ids", "bound"])
+def test_delete_finished_across_all_keeps_jobs_that_finished_after_the_confirmation_page(
+    admin_client: Client, settings: Any, many: bool
+) -> None:
+    """*Select all* deletes what its page counted, not what matches when it is confirmed.
+
+    With more finished jobs than the form may post ids of (here a
+    ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` of 13 leaves room for 3), the page posts back the
+    highest id it counted and the database's time it read, instead.
+    """
+    if many:
+        settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 13
+    counted = [succeeded_job() for _ in range(4)]
+    pending = enqueue()
+    database_clock_past(counted)
+    asked = post_action(admin_client, "delete_finished", [pending], select_across="1")
+    assert b"delete 4 finished jobs" in asked.content
+    finish(pending)  # meanwhile, a worker runs the pending job
+    later = succeeded_job()  # and a new one
+
+    response = confirm_on_page(admin_client, asked)
+
+    assert messages_of(response) == ["Deleted 4 jobs."]
+    assert set(Job.objects.values_list("pk", flat=True)) == {pending, later}
+    deleted = LogEntry.objects.filter(action_flag=DELETION)
+    assert sorted(int(e.object_id) for e in deleted) == counted
+    form = page_form(asked)
+    if many:
+        assert form["_selected_action"] == [str(max(counted))]  # Django needs one
+        assert form["select_across"] == ["1"]
+        assert form["leasejobs_upto"] == [str(max(counted))]
+    else:
+        assert form["_selected_action"] == [str(i) for i in counted]
+        assert form["select_across"] == ["0"]
+
+
+def test_delete_finished_across_all_keeps_a_job_retried_and_finished_again(
+    admin_client: Client, settings: Any
+) -> None:
+    """Bound by the page's time: a job finished again since the page was shown stays."""
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 11  # room for one id: the bound it is
+    failed, done = failed_job(attempts=1), succeeded_job()
+    database_clock_past([failed, done])
+    asked = post_action(admin_client, "delete_finished", [done], select_across="1")
+    assert leases.retry(failed) == leases.RetryResult.RETRIED
+    finish(failed)
+
+    response = confirm_on_page(admin_client, asked)
+
+    assert messages_of(response) == ["Deleted 1 job."]
+    assert status_of(failed) == JobStatus.SUCCEEDED
+    assert not Job.objects.filter(pk=done).exists()
+    assert page_form(asked)["select_across"] == ["1"]
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"leasejobs_upto": []},
+        {"leasejobs_at": []},
+        {"leasejobs_upto": ["x"]},
+        {"leasejobs_at": ["yesterday"]},
+        {"leasejobs_at": ["2026-01-01T00:00:00"]},  # no time zone
+    ],
+)
+def test_delete_finished_across_all_without_the_pages_bound_deletes_nothing(
+    admin_client: Client, settings: Any, changed: dict[str, list[str]]
+) -> None:
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 11
+    jobs = [succeeded_job(), succeeded_job()]
+    asked = post_action(admin_client, "delete_finished", jobs[:1], select_across="1")
+    assert page_form(asked)["select_across"] == ["1"]
+    form = {k: v for k, v in {**page_form(asked), **changed}.items() if v}
+
+    response = admin_client.post(CHANGELIST, form)
+
+    assert response.status_code == 302
+    assert messages_of(response) == [
+        "Nothing was deleted: the confirmation did not say which jobs it showed. "
+        "Choose the action again."
+    ]
+    assert Job.objects.filter(pk__in=jobs).count() == 2
+    assert not LogEntry.objects.exists()
 
 
 def test_delete_finished_confirmation_keeps_the_filters(
@@ -886,7 +1028,7 @@ def test_delete_finished_confirmation_keeps_the_filters(
     assert b"delete 1 finished job, with its attempts?" in asked.content
     assert b'<form method="post">' in asked.content  # no action attribute: same address
 
-    admin_client.post(url, {**data, "select_across": "1", "post": "yes"})
+    confirm_on_page(admin_client, asked, url)
 
     assert not Job.objects.filter(pk=states["dead"]).exists()
     assert Job.objects.filter(pk=states["succeeded"]).exists()

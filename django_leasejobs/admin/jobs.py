@@ -8,10 +8,12 @@ recorded as an admin log entry. Deleting asks first, on a confirmation page.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from django.contrib import admin
+from django.conf import settings
+from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -24,6 +26,7 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 
 from .. import leases, pruning
+from ..leases import database_now
 from ..models import Job, JobAttempt, JobStatus
 from ..templatetags.leasejobs_admin import seconds
 from .clock import now_of, with_database_now
@@ -35,6 +38,60 @@ from .reports import ActionReport
 
 CONFIRMATION_SHOWS = 100
 """Jobs the delete confirmation lists by name (it counts them all)."""
+
+CONFIRMATION_IDS = 1000
+"""At most this many finished jobs' ids the delete confirmation posts back (fewer when
+``DATA_UPLOAD_MAX_NUMBER_FIELDS`` would refuse them); a larger *select all* posts back
+its bound instead (:class:`ConfirmedBound`)."""
+
+CONFIRMATION_OTHER_FIELDS = 10
+"""Room for the confirmation form's other fields (token, action, post, select_across)."""
+
+
+def confirmation_ids_limit() -> int:
+    """How many ids the delete confirmation may post back."""
+    limit = CONFIRMATION_IDS
+    fields = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+    if fields is not None:
+        limit = min(limit, fields - CONFIRMATION_OTHER_FIELDS)
+    return max(limit, 0)
+
+
+@dataclass(frozen=True)
+class ConfirmedBound:
+    """What a delete confirmation of a large *select all* counted: the finished jobs
+    matching the list's filters with an id up to ``upto`` (the highest it counted) that
+    had finished before ``at`` (the database's time, read before it counted).
+
+    A job that finishes after the page read the time has a ``finished_at`` no earlier
+    than ``at``, and one enqueued later a higher id: neither is deleted by the
+    confirmation.
+    """
+
+    upto: int
+    at: datetime
+
+    UPTO = "leasejobs_upto"
+    AT = "leasejobs_at"
+
+    def fields(self) -> dict[str, str]:
+        """The confirmation form's hidden fields."""
+        return {self.UPTO: str(self.upto), self.AT: self.at.isoformat()}
+
+    @classmethod
+    def of(cls, request: HttpRequest) -> ConfirmedBound | None:
+        """The bound a confirmation posted, or None when it is missing or malformed."""
+        try:
+            upto = int(request.POST[cls.UPTO])
+            at = datetime.fromisoformat(request.POST[cls.AT])
+        except (KeyError, ValueError):
+            return None
+        if at.tzinfo is None:
+            return None
+        return cls(upto=upto, at=at)
+
+    def limit(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
+        return jobs.filter(pk__lte=self.upto, finished_at__lt=self.at)
 
 
 class JobAttemptInline(admin.TabularInline):
@@ -368,28 +425,71 @@ class JobAdmin(FilterSafeAdmin):
         self, request: HttpRequest, queryset: QuerySet[Job]
     ) -> TemplateResponse | None:
         """Ask first (a confirmation page, as Django's own *delete selected*), then delete
-        the selected jobs that are finished by pruning's rule, logging each one."""
-        unfinished = queryset.exclude(pruning.finished()).count()
+        the selected jobs that are finished by pruning's rule, logging each one.
+
+        The confirmation deletes at most what its page showed: the page posts back the
+        ids of the finished jobs it counted, or, for a *select all* too large for that,
+        the bound of what it counted (see :class:`ConfirmedBound`). Pruning's rule is
+        checked again on each locked row: a job retried meanwhile stays.
+        """
         if request.POST.get("post") != "yes":
+            shown_at = database_now(queryset.db)  # first: what finishes later is not counted
+            unfinished = queryset.exclude(pruning.finished()).count()
             finished = queryset.filter(pruning.finished())
             count = finished.count()
             if count:
-                return self.delete_finished_confirmation(request, finished, count, unfinished)
+                return self.delete_finished_confirmation(
+                    request, finished, count, unfinished, shown_at
+                )
+            report = ActionReport(self, request, "Deleted")
+            if unfinished:
+                report.skipped["not finished (pending or running)"] = unfinished
+            report.send()
+            return None
+        if request.POST.get("select_across", "0") not in ("", "0"):
+            bound = ConfirmedBound.of(request)
+            if bound is None:
+                self.message_user(
+                    request,
+                    _(
+                        "Nothing was deleted: the confirmation did not say which jobs it "
+                        "showed. Choose the action again."
+                    ),
+                    messages.ERROR,
+                )
+                return None
+            queryset = bound.limit(queryset)
         report = ActionReport(self, request, "Deleted")
-        if request.POST.get("post") == "yes":
-            report.changed, _batches = pruning.delete_finished(
-                queryset, before_delete=lambda jobs: self.log_deletions(request, jobs)
-            )
+        unfinished = queryset.exclude(pruning.finished()).count()
+        report.changed, _batches = pruning.delete_finished(
+            queryset, before_delete=lambda jobs: self.log_deletions(request, jobs)
+        )
         if unfinished:
             report.skipped["not finished (pending or running)"] = unfinished
         report.send()
         return None
 
     def delete_finished_confirmation(
-        self, request: HttpRequest, finished: QuerySet[Job], count: int, unfinished: int
+        self,
+        request: HttpRequest,
+        finished: QuerySet[Job],
+        count: int,
+        unfinished: int,
+        shown_at: datetime,
     ) -> TemplateResponse:
-        """The page that asks; its form sends the same selection back with ``post=yes``."""
+        """The page that asks; its form posts back, with ``post=yes``, what it counted:
+        the finished jobs' ids, or the bound of a *select all* too large for them."""
         shown = list(finished.order_by("-id")[:CONFIRMATION_SHOWS])
+        across = request.POST.get("select_across", "0") not in ("", "0")
+        selected: list[str] = []
+        bound: ConfirmedBound | None = None
+        if across and count > confirmation_ids_limit():
+            bound = ConfirmedBound(upto=shown[0].pk, at=shown_at)
+            # Django runs a confirmed action only with some id selected; with
+            # select_across it takes the list's filters instead, here within the bound.
+            selected = [str(bound.upto)]
+        else:
+            selected = [str(pk) for pk in finished.order_by("id").values_list("pk", flat=True)]
         context = {
             **self.admin_site.each_context(request),
             "title": _("Delete finished jobs?"),
@@ -398,8 +498,9 @@ class JobAdmin(FilterSafeAdmin):
             "count": count,
             "more": count - len(shown),
             "unfinished": unfinished,
-            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
-            "select_across": request.POST.get("select_across", "0"),
+            "selected": selected,
+            "select_across": "1" if bound is not None else "0",
+            "bound": bound.fields() if bound is not None else {},
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "media": self.media,
         }
