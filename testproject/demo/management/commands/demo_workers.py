@@ -20,7 +20,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from types import FrameType
@@ -54,16 +53,17 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=2)
 
     def handle(self, *args: Any, workers: int, concurrency: int, **options: Any) -> None:
-        stop = threading.Event()
+        # The signal handler only sets these flags; the main thread acts on them. (A
+        # handler runs in the main thread, between two bytecodes: one that took a lock
+        # the main thread holds, threading.Event's for one, would deadlock.)
+        flags = _Flags()
         procs: dict[int, subprocess.Popen[bytes]] = {}
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            if not stop.is_set():
-                stop.set()
+            if not flags.stop:
+                flags.stop = True
             elif signum == signal.SIGINT:  # Ctrl-C again: the workers stop their jobs now
-                for proc in procs.values():
-                    if proc.poll() is None:
-                        proc.send_signal(signal.SIGTERM)
+                flags.force = True
 
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, on_signal)
@@ -80,10 +80,15 @@ class Command(BaseCommand):
                 preexec_fn=preexec,
             )
 
+        def terminate() -> None:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+
         for slot in range(workers):
-            if not stop.is_set():
+            if not flags.stop:
                 start(slot)
-        while not stop.wait(1.0):
+        while not _sleep_until_stopped(flags, RESTART_CHECK):
             for slot, proc in list(procs.items()):
                 if proc.poll() is not None:
                     with contextlib.suppress(OSError):  # the terminal may be gone
@@ -92,13 +97,45 @@ class Command(BaseCommand):
                             "one (its jobs come back when their leases expire)"
                         )
                     start(slot)
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+        terminate()
+        forced = False
         deadline = time.monotonic() + 60
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        while any(proc.poll() is None for proc in procs.values()):
+            if time.monotonic() >= deadline:
+                for proc in procs.values():
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.wait()
+                break
+            if flags.force and not forced:
+                forced = True
+                terminate()
+            time.sleep(FLAG_POLL)
+
+
+RESTART_CHECK = 1.0
+"""Seconds between two looks for a worker that died."""
+
+FLAG_POLL = 0.1
+"""Seconds between two looks at the signal flags."""
+
+
+class _Flags:
+    """What the signal handler asks for: ``stop`` (the first signal), ``force`` (a
+    second Ctrl-C). Plain attributes: setting one takes no lock."""
+
+    stop = False
+    force = False
+
+
+def _sleep_until_stopped(flags: _Flags, seconds: float) -> bool:
+    """Sleep up to ``seconds`` in short steps (a signal cannot wake ``time.sleep`` early,
+    it resumes after the handler), returning early with True once ``flags.stop`` is
+    set; False when the time is up without it."""
+    deadline = time.monotonic() + seconds
+    while not flags.stop:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(FLAG_POLL, left))
+    return True
