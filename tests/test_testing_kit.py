@@ -14,12 +14,22 @@ from django.db import connection
 from django.test import TestCase
 from django.utils import timezone
 
-from django_leasejobs import leases
+from django_leasejobs import leases, task
 from django_leasejobs.compat import task_finished, task_started
-from django_leasejobs.leases import CancelResult
+from django_leasejobs.leases import CancelResult, LeaseLost
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
 from django_leasejobs.testing import JobRun, LeaseJobsTestMixin, run_jobs
+from django_leasejobs.worker.execution import JobContext
 from tests import tasks_testing_kit as kit_tasks
+
+
+@task(takes_context=True)
+def loses_its_lease(context: JobContext, username: str) -> str:
+    """Writes a row, then its lease goes to another worker (as a reaper and a new claim
+    would take it): recording its success finds the lease lost."""
+    User.objects.create(username=username)
+    Job.objects.filter(pk=context.job_id).update(locked_by="another-worker")
+    return "done"
 
 
 class RunJobsTests(LeaseJobsTestMixin, TestCase):
@@ -237,6 +247,17 @@ class RunJobsTests(LeaseJobsTestMixin, TestCase):
         self.assertIsNone(job.checkpoint)
         self.assertEqual(JobAttempt.objects.get(job_id=result.id).outcome, "error")
         self.assertTrue(User.objects.filter(username="taken").exists())
+
+    def test_a_lost_lease_rolls_the_attempt_back_to_its_savepoint(self) -> None:
+        result = loses_its_lease.enqueue("lost-lease")
+        with self.assertRaises(LeaseLost):
+            self.run_jobs()
+        # Rolled back to the attempt's savepoint: the task's writes are undone, the job
+        # is as the claim left it, and the test's transaction goes on.
+        self.assertFalse(User.objects.filter(username="lost-lease").exists())
+        job = Job.objects.get(pk=result.id)
+        self.assertEqual((job.status, job.locked_by), ("running", "test-worker"))
+        self.assertFalse(JobAttempt.objects.filter(job_id=job.pk).exists())
 
     def test_async_task(self) -> None:
         result = kit_tasks.async_double.enqueue(21)

@@ -243,23 +243,42 @@ def _run_attempt(job: ClaimedJob, backend: LeaseJobsBackend, worker_id: str) -> 
         lost_flag=attempt.lost_flag,
     )
     try:
-        attempt.flush()
-        run = _record(attempt, task, outcome)
-    except (DatabaseError, TransactionManagementError):
-        if savepoint is None:
-            raise
-        # The task left the test's transaction unusable (a database error it did not
-        # handle inside its own atomic block): undo this attempt's writes, as a
-        # rolled-back transaction would, and record the outcome again.
-        transaction.set_rollback(False, using=using)
-        transaction.savepoint_rollback(savepoint, using=using)
-        run = _record(attempt, task, outcome)
-    if savepoint is not None:
-        transaction.savepoint_commit(savepoint, using=using)
+        try:
+            attempt.flush()
+            run = _record(attempt, task, outcome)
+        except (DatabaseError, TransactionManagementError):
+            if savepoint is None:
+                raise
+            # The task left the test's transaction unusable (a database error it did not
+            # handle inside its own atomic block): undo this attempt's writes, as a
+            # rolled-back transaction would, and record the outcome again.
+            transaction.set_rollback(False, using=using)
+            transaction.savepoint_rollback(savepoint, using=using)
+            run = _record(attempt, task, outcome)
+    except BaseException:
+        # Recording failed (LeaseLost, a database error again, anything): undo the
+        # attempt's writes and release the savepoint, as an atomic block would.
+        if savepoint is not None:
+            _roll_back_to(savepoint, using)
+        raise
+    else:
+        if savepoint is not None:
+            transaction.savepoint_commit(savepoint, using=using)
     if task is not None and run.finished and task_finished.receivers:
         finished = backend.get_result(str(job.id))
         task_finished.send_robust(type(backend), task_result=finished)
     return run
+
+
+def _roll_back_to(savepoint: str, using: str) -> None:
+    """Roll back to ``savepoint`` and release it; when the database refuses, leave the
+    transaction marked for rollback (the caller re-raises its own exception)."""
+    transaction.set_rollback(False, using=using)
+    try:
+        transaction.savepoint_rollback(savepoint, using=using)
+        transaction.savepoint_commit(savepoint, using=using)
+    except DatabaseError:
+        transaction.set_rollback(True, using=using)
 
 
 def _record(attempt: _Attempt, task: Task | None, outcome: Outcome) -> JobRun:
