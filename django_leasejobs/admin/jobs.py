@@ -29,6 +29,7 @@ from .. import leases, pruning
 from ..leases import database_now
 from ..models import Job, JobAttempt, JobStatus
 from ..templatetags.leasejobs_admin import seconds
+from ..templatetags.leasejobs_admin import task_name as function_name
 from .clock import now_of, with_database_now
 from .dashboard import dashboard_response
 from .display import pretty_json, relative, status_badge
@@ -248,8 +249,7 @@ class JobAdmin(FilterSafeAdmin):
     @admin.display(description=_("task"), ordering="task_path")
     def task_name(self, job: Job) -> str:
         """The function's name (it may wrap after an underscore); the path in the tooltip."""
-        module, _dot, name = job.task_path.rpartition(".")
-        parts = (name or module).split("_")
+        parts = function_name(job.task_path).split("_")
         return format_html(
             '<span title="{}">{}</span>',
             job.task_path,

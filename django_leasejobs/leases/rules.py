@@ -108,6 +108,8 @@ REAP_ERROR_MESSAGE = (
     "lease expired: the worker stopped renewing it (it died, froze or lost the database)"
 )
 RELEASED_ERROR_CLASS = "django_leasejobs.exceptions.JobReleased"
+TIMEOUT_ERROR_CLASS = "django_leasejobs.exceptions.JobTimeout"
+"""The error of an attempt that ran past its timeout (the worker's watchdog, the testing kit)."""
 CANCELLED_ERROR_CLASS = "django_leasejobs.exceptions.JobCancelled"
 CANCELLED_ERROR_MESSAGE = "cancelled while running"
 

@@ -100,10 +100,17 @@ class LeaseJobsTestMixin:
                 [run] = self.run_jobs()
                 self.assertTrue(run.succeeded)
 
-    ``leasejobs_backend`` names the backend alias the methods use.
+    ``leasejobs_backend`` names the backend alias the methods use; they are those of
+    a :class:`LeaseJobsKit` for it (``self.leasejobs_kit``), with unittest's names for
+    the assertions.
     """
 
     leasejobs_backend = "default"
+
+    @property
+    def leasejobs_kit(self) -> LeaseJobsKit:
+        """The :class:`LeaseJobsKit` of ``leasejobs_backend``: every method below is its."""
+        return LeaseJobsKit(self.leasejobs_backend)
 
     def run_jobs(
         self,
@@ -113,8 +120,7 @@ class LeaseJobsTestMixin:
         include_scheduled: bool = False,
         worker_id: str = "test-worker",
     ) -> list[JobRun]:
-        return run_jobs(
-            self.leasejobs_backend,
+        return self.leasejobs_kit.run_jobs(
             queues=queues,
             max_jobs=max_jobs,
             include_scheduled=include_scheduled,
@@ -128,7 +134,7 @@ class LeaseJobsTestMixin:
         status: Statuses = "pending",
         queues: str | Sequence[str] | None = None,
     ) -> list[Job]:
-        return enqueued_jobs(task, backend=self.leasejobs_backend, status=status, queues=queues)
+        return self.leasejobs_kit.enqueued_jobs(task, status=status, queues=queues)
 
     def assertEnqueued(
         self,
@@ -141,14 +147,13 @@ class LeaseJobsTestMixin:
         priority: int | None = None,
         status: Statuses = "pending",
     ) -> list[Job]:
-        return assert_enqueued(
+        return self.leasejobs_kit.assert_enqueued(
             task,
             args=args,
             kwargs=kwargs,
             count=count,
             queue=queue,
             priority=priority,
-            backend=self.leasejobs_backend,
             status=status,
         )
 
@@ -162,12 +167,6 @@ class LeaseJobsTestMixin:
         priority: int | None = None,
         status: Statuses = "pending",
     ) -> None:
-        assert_not_enqueued(
-            task,
-            args=args,
-            kwargs=kwargs,
-            queue=queue,
-            priority=priority,
-            backend=self.leasejobs_backend,
-            status=status,
+        self.leasejobs_kit.assert_not_enqueued(
+            task, args=args, kwargs=kwargs, queue=queue, priority=priority, status=status
         )

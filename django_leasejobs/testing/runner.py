@@ -31,16 +31,10 @@ from ..backend import LeaseJobsBackend
 from ..compat import Task, task_backends, task_finished, task_started
 from ..functions import DatabaseNow
 from ..leases import ClaimedJob, Completion, ErrorInfo, Failure, LeaseLost, Progress
-from ..leases.rules import CANCELLED_ERROR_CLASS, CANCELLED_ERROR_MESSAGE
-from ..models import AttemptOutcome, Job, JobAttempt, JobStatus
+from ..leases.rules import CANCELLED_ERROR_CLASS, CANCELLED_ERROR_MESSAGE, TIMEOUT_ERROR_CLASS
+from ..models import FINISHED_STATUSES, AttemptOutcome, Job, JobAttempt, JobStatus
 from ..retry import RETRIED
 from ..worker.execution import JobSpec, Outcome, attempt_failure, execute, running_result
-
-FINAL_STATUSES = frozenset(
-    str(s) for s in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DEAD, JobStatus.CANCELLED)
-)
-
-TIMEOUT_ERROR_CLASS = "django_leasejobs.exceptions.JobTimeout"
 
 _savepoint_create = getattr(transaction, "savepoint_create", None) or transaction.savepoint
 """``savepoint_create`` on Django 6.1+, which deprecates ``savepoint``."""
@@ -77,7 +71,7 @@ class JobRun:
     @property
     def finished(self) -> bool:
         """The job reached a final status (it will not run again by itself)."""
-        return self.status in FINAL_STATUSES
+        return self.status in FINISHED_STATUSES
 
 
 def lease_jobs_backend(alias: str) -> LeaseJobsBackend:

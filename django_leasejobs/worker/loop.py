@@ -43,6 +43,7 @@ from ..exceptions import TaskFailed, task_failure
 from ..functions import DatabaseNow
 from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress, storable_text
 from ..leases.dialect import dialect, placeholders
+from ..leases.rules import TIMEOUT_ERROR_CLASS
 from ..logs import log_failure
 from ..models import AttemptOutcome, JobAttempt, JobStatus, WorkerState
 from ..models import Worker as WorkerRow
@@ -1038,7 +1039,7 @@ class Worker:
         kind, description = what
         if kind == "timeout":
             error = ErrorInfo(
-                "django_leasejobs.exceptions.JobTimeout",
+                TIMEOUT_ERROR_CLASS,
                 f"attempt ran past its timeout of {job.timeout:g}s and {description}",
             )
             outcome = AttemptOutcome.TIMEOUT
