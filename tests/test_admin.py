@@ -329,6 +329,45 @@ def make_worker(worker_id: str, *, seen_ago: float = 0, **fields: Any) -> Worker
     return worker
 
 
+# --------------------------------------------------------------------------- import paths
+
+
+def test_the_model_admins_are_importable_from_django_leasejobs_admin() -> None:
+    """The import paths of the one-module admin still work: projects subclass, unregister
+    and register these again."""
+    from django.contrib import admin
+
+    from django_leasejobs import admin as leasejobs_admin
+    from django_leasejobs.admin import (
+        JobAdmin,
+        JobAttemptInline,
+        QueueDashboardAdmin,
+        ScheduleAdmin,
+        WorkerAdmin,
+    )
+    from django_leasejobs.models import QueueDashboard, Schedule
+
+    registered = {model: type(model_admin) for model, model_admin in admin.site._registry.items()}
+    assert registered[Job] is JobAdmin
+    assert registered[Worker] is WorkerAdmin
+    assert registered[Schedule] is ScheduleAdmin
+    assert registered[QueueDashboard] is QueueDashboardAdmin
+    assert JobAttemptInline in JobAdmin.inlines
+    for name in leasejobs_admin.__all__:
+        assert getattr(leasejobs_admin, name).__module__.startswith("django_leasejobs.admin.")
+
+    class ProjectJobAdmin(JobAdmin):
+        pass
+
+    admin.site.unregister(Job)
+    try:
+        admin.site.register(Job, ProjectJobAdmin)
+        assert type(admin.site._registry[Job]) is ProjectJobAdmin
+    finally:
+        admin.site.unregister(Job)
+        admin.site.register(Job, JobAdmin)
+
+
 # --------------------------------------------------------------------------- pages render
 
 

@@ -13,6 +13,30 @@ their model admins.
 | ``filter_safety`` | the lists' 400 answer to a malformed filter |
 | ``clock`` | the database's clock for everything shown as online, lease left or age |
 | ``display``, ``reports`` | shared display helpers; an action's report |
+
+The model admins (and the job list's filters) are importable from here, as they were
+when this was one module: ``from django_leasejobs.admin import JobAdmin`` to subclass,
+unregister and register again.
 """
 
 from . import dashboard, jobs, schedules, workers  # noqa: F401  (register their admins)
+from .dashboard import QueueDashboardAdmin
+from .filter_safety import FilterSafeAdmin
+from .filters import HasErrorsFilter, QueueFilter, TaskFilter, WorkerFilter, WorkerProblemFilter
+from .jobs import JobAdmin, JobAttemptInline
+from .schedules import ScheduleAdmin
+from .workers import WorkerAdmin
+
+__all__ = [
+    "FilterSafeAdmin",
+    "HasErrorsFilter",
+    "JobAdmin",
+    "JobAttemptInline",
+    "QueueDashboardAdmin",
+    "QueueFilter",
+    "ScheduleAdmin",
+    "TaskFilter",
+    "WorkerAdmin",
+    "WorkerFilter",
+    "WorkerProblemFilter",
+]
