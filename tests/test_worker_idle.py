@@ -10,14 +10,19 @@ what these tests count.
 
 from __future__ import annotations
 
+import copy
+import os
 import re
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
+from django.test import override_settings
 from django.utils import timezone
 
 from django_leasejobs.models import Job, JobStatus
+from django_leasejobs.worker.listener import listen_connection_params
+from django_leasejobs.worker.loop import Worker, WorkerConfig
 from tests import tasks_retry, tasks_worker_flow
 from tests.worker_harness import WorkerProcess, Workers, wait_until
 
@@ -168,3 +173,27 @@ def test_a_worker_that_cannot_listen_polls_every_poll_interval(
     assert 0 <= late < 5, f"started {late:.3f}s after its run_after\n{worker.output}"
     worker.terminate()
     assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.output
+
+
+def test_the_listen_database_connection_gets_the_workers_tcp_hardening(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    require_postgresql()
+    alias = "listen_direct"
+    direct = copy.deepcopy(connections.settings["default"])
+    direct["OPTIONS"] = {"keepalives_idle": 42}  # the site's own value wins
+    monkeypatch.setitem(connections.settings, alias, direct)
+    default = connections.settings["default"]  # the worker hardens it too: undone after
+    monkeypatch.setitem(default, "OPTIONS", dict(default.get("OPTIONS", {})))
+    options = {"LEASE_DURATION": 12, "HEARTBEAT_INTERVAL": 4, "LISTEN_DATABASE": alias}
+    backend = {"BACKEND": "django_leasejobs.backend.LeaseJobsBackend", "OPTIONS": options}
+    with override_settings(TASKS={"default": backend}):
+        worker = Worker(WorkerConfig(pool="thread", concurrency=1))
+        os.close(worker._wake_r)
+        os.close(worker._wake_w)
+    params = listen_connection_params(alias)
+    assert params["tcp_user_timeout"] == 12_000
+    assert params["keepalives"] == 1
+    assert params["keepalives_idle"] == 42
+    assert params["connect_timeout"] == 10
+    assert connections.settings["default"]["OPTIONS"]["tcp_user_timeout"] == 12_000
