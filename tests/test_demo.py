@@ -197,6 +197,52 @@ def test_demo_workers_stops_its_workers_on_sighup_and_when_killed(
         supervisor.wait(timeout=10)
 
 
+def test_demo_workers_second_ctrl_c_makes_the_workers_release_their_jobs_now(
+    subprocess_env: dict[str, str], tmp_path: Any
+) -> None:
+    # The first Ctrl-C asks each worker to stop gracefully (its running job may finish,
+    # here within the default 30 s shutdown timeout); the second one makes the
+    # supervisor send each worker a second SIGTERM: it stops the job now and releases it.
+    job = Job.objects.create(task_path="demo.tasks.slow", kwargs={"seconds": 300, "steps": 300})
+    env = {**subprocess_env, "LEASEJOBS_TEST_OPTIONS": json.dumps(FAST_OPTIONS)}
+    log = tmp_path / "demo_workers.log"
+    with log.open("wb") as output:
+        supervisor = subprocess.Popen(
+            [sys.executable, str(MANAGE_PY), "demo_workers", "--workers", "1"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    supervisor_process = psutil.Process(supervisor.pid)
+    processes: list[psutil.Process] = []
+    try:
+        wait_until(
+            lambda: Job.objects.get(pk=job.pk).progress is not None,
+            timeout=60,
+            what="the slow job to run and report progress",
+        )
+        processes = [supervisor_process, *supervisor_process.children(recursive=True)]
+        supervisor.send_signal(signal.SIGINT)
+        wait_until(
+            lambda: WorkerRow.objects.filter(state="stopping").exists(),
+            timeout=30,
+            what="the demo worker to stop gracefully",
+        )
+        assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING  # it may finish
+        supervisor.send_signal(signal.SIGINT)
+        assert supervisor.wait(timeout=25) == 0  # sooner than the worker's 30 s
+        job.refresh_from_db()
+        assert (job.status, job.locked_by) == (JobStatus.PENDING, None)  # released
+        assert "again: stopping running jobs now and releasing them" in log.read_text()
+    finally:
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        supervisor.wait(timeout=10)
+
+
 def _alive(process: psutil.Process) -> bool:
     try:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
