@@ -603,7 +603,7 @@ class Worker:
             except Exception as exc:  # the idle wait falls back to POLL_INTERVAL
                 self._next_due = 0.0
                 logger.warning(
-                    "looking up the next due job failed: %s",
+                    "after a round (NOTIFY of given-back jobs, next-due lookup): %s; polling",
                     storable_text(exc, 500),
                     extra={"worker": self.worker_id, "error": storable_text(exc, 500)},
                 )
