@@ -41,7 +41,7 @@ from .signals import job_enqueued
 
 logger = logging.getLogger("django_leasejobs")
 
-NOTIFY_CHANNEL = "leasejobs"
+NOTIFY_CHANNEL = leases.NOTIFY_CHANNEL
 
 STATUS_TO_RESULT = {
     JobStatus.PENDING: TaskResultStatus.READY,

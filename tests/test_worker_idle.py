@@ -20,6 +20,8 @@ from django.db import connection, connections
 from django.test import override_settings
 from django.utils import timezone
 
+from django_leasejobs import leases
+from django_leasejobs.leases import RetryResult
 from django_leasejobs.models import Job, JobStatus
 from django_leasejobs.worker.listener import listen_connection_params
 from django_leasejobs.worker.loop import Worker, WorkerConfig
@@ -119,6 +121,31 @@ def test_a_snoozed_job_starts_again_when_due_on_an_idle_listening_worker(
     assert row.run_after - row.started_at >= timedelta(seconds=3)  # snoozed 3 s
     late = (row.last_attempted_at - row.run_after).total_seconds()
     assert 0 <= late < 5, f"started again {late:.3f}s after its run_after\n{worker.output}"
+    worker.terminate()
+    assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.output
+
+
+def test_an_operator_retry_wakes_an_idle_listening_worker(
+    workers: Workers, marker_dir: str
+) -> None:
+    """``leases.retry`` (the admin's retry action) sends a NOTIFY on commit: the retried
+    job does not wait for the 60 s safety poll."""
+    require_postgresql()
+    result = tasks_worker_flow.record_id.enqueue(marker_dir, "retried")
+    Job.objects.filter(pk=int(result.id)).update(status=JobStatus.DEAD)
+    worker = workers.start(options=OPTIONS, args=ARGS, env=FRESH)
+    listening_and_idle(worker)
+    wait_until(
+        lambda: idle_waits(worker)[-1] == (60.0, "listening"),
+        timeout=15,
+        what="the worker to wait on the safety poll",
+    )
+    assert job(result.id).status == JobStatus.DEAD  # nothing claimed it meanwhile
+    assert leases.retry(int(result.id)) == RetryResult.RETRIED
+    row = wait_until(lambda: succeeded(result.id), timeout=10, what="the retried job to run")
+    retried_at = row.run_after  # the retry made it runnable at once, by the database clock
+    assert row.started_at is not None
+    assert row.started_at - retried_at < timedelta(seconds=2), worker.output
     worker.terminate()
     assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.output
 

@@ -30,6 +30,7 @@ from ..exceptions import LeaseLost, RowLocked
 from .claim import claim, unclaim
 from .dialect import portable_path, retry_deadlocks
 from .enqueue import (
+    NOTIFY_CHANNEL,
     can_copy,
     can_insert_notify,
     copy_jobs,
@@ -69,6 +70,7 @@ __all__ = [
     "MAX_ERROR_LENGTH",
     "MAX_PROGRESS_MESSAGE_LENGTH",
     "MAX_TRACEBACK_LENGTH",
+    "NOTIFY_CHANNEL",
     "AttemptDecision",
     "CancelResult",
     "ClaimedJob",

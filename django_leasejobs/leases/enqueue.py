@@ -151,6 +151,11 @@ def copy_jobs(jobs: Sequence[NewJob], *, using: str = "default") -> tuple[list[i
     return ids, now
 
 
+NOTIFY_CHANNEL = "leasejobs"
+"""The channel of every wake-up: enqueues, reaped or given-back jobs, operator retries
+(the payload is the job's queue); workers ``LISTEN`` on it (``worker/listener.py``)."""
+
+
 def notify(channel: str, queues: Iterable[str], *, using: str = "default") -> None:
     """``pg_notify(channel, queue)`` once per distinct queue (PostgreSQL; elsewhere nothing:
     workers there find new jobs by polling). Inside a transaction PostgreSQL delivers the

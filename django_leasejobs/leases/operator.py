@@ -14,6 +14,7 @@ from django.db import IntegrityError, connections, transaction
 from ..conf import BACKEND_PATH, parse_options
 from ..models import JobStatus
 from .dialect import Dialect, dialect, placeholders, retry_deadlocks
+from .enqueue import NOTIFY_CHANNEL
 from .values import CancelResult, RetryResult
 
 
@@ -59,7 +60,8 @@ def retry(
     backend: str = "default",
     using: str | None = None,
 ) -> RetryResult:
-    """Put a failed or dead job back to ``pending``, runnable at once.
+    """Put a failed or dead job back to ``pending``, runnable at once (on PostgreSQL a
+    ``NOTIFY`` on commit wakes the idle workers of its queue).
 
     Only ``failed`` and ``dead`` jobs (or the given subset of them) are retried. The
     job gets a fresh budget: its stall and snooze counts are reset and it may run at
@@ -91,4 +93,10 @@ def _retry(d: Dialect, job_id: int, allowed: list[str]) -> int:
             f"WHERE j.id = %s AND j.status IN ({placeholders(len(allowed))})",
             [job_id, *allowed],
         )
-        return int(cursor.rowcount)
+        changed = int(cursor.rowcount)
+        if changed == 1 and d.vendor == "postgresql":
+            cursor.execute(
+                f"SELECT pg_notify(%s, queue) FROM {d.jobs} WHERE id = %s",  # noqa: S608 - identifiers quoted, values bound
+                [NOTIFY_CHANNEL, job_id],
+            )
+        return changed
