@@ -189,13 +189,18 @@ def lease_path(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 @pytest.fixture
-def sighup_default() -> Iterator[None]:
-    """SIGHUP at its default action while the test runs, so the processes it starts
-    inherit that and not this run's disposition: under ``nohup`` (a CI run kept alive
-    past its terminal) SIGHUP is ignored, and a process that starts with SIGHUP ignored
-    keeps ignoring it (runworker and bash both do, on purpose)."""
-    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+def terminal_signals_default() -> Iterator[None]:
+    """SIGHUP and SIGINT at their default actions while the test runs, so that the
+    processes it starts inherit those and not this run's dispositions: under ``nohup``
+    SIGHUP is ignored, and a run started in the background by a non-interactive shell
+    (``bash .ci/run &``) ignores SIGINT. A process that starts with a signal ignored keeps
+    ignoring it: runworker does so on purpose for SIGHUP, bash cannot even trap it, and
+    Python raises no KeyboardInterrupt (runserver would not stop on ^C)."""
+    previous_hup = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    # Python's own handler in this process; a child's exec resets it to the default.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGHUP, previous)
+        signal.signal(signal.SIGHUP, previous_hup)
+        signal.signal(signal.SIGINT, previous_int)

@@ -56,7 +56,7 @@ DEMO = REPO_ROOT / "scripts" / "demo"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux ptys and /proc"),
-    pytest.mark.usefixtures("sighup_default"),
+    pytest.mark.usefixtures("terminal_signals_default"),
 ]
 
 

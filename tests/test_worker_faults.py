@@ -420,19 +420,25 @@ def test_idle_worker_reconnects_after_the_database_was_unreachable(
 def _quiet_main_loop_backend() -> int | None:
     """The worker main loop's connection once the worker has been idle for half a second.
 
-    Only the main loop runs the claim statement (``WITH picked AS ...``). The listener
+    Only the main loop runs the claim statement (``WITH picked AS ...``) and, when its
+    listener listens, the next-due lookup after an empty claim (``SELECT EXTRACT(EPOCH
+    FROM MIN(j.run_after) ...``): its last statement is one of the two. The listener
     wakes the loop once after its LISTEN, so wait until both have been quiet for a while:
     after that, nothing but a signal wakes a worker whose POLL_INTERVAL is 30 s.
     """
+    main_loop = (
+        "(query LIKE 'WITH picked AS%%' "
+        "OR query LIKE 'SELECT EXTRACT(EPOCH FROM MIN(j.run_after)%%')"
+    )
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT "
-            "max(pid) FILTER (WHERE query LIKE 'WITH picked AS%%'), "
+            f"max(pid) FILTER (WHERE {main_loop}), "
             "bool_and(state = 'idle' AND state_change < now() - interval '0.5 seconds'), "
             "bool_or(query LIKE 'LISTEN%%') "
             "FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND (query LIKE 'WITH picked AS%%' OR query LIKE 'LISTEN%%')"
+            f"AND ({main_loop} OR query LIKE 'LISTEN%%')"
         )
         pid, quiet, listening = cursor.fetchone()
     return pid if pid and quiet and listening else None

@@ -211,7 +211,12 @@ def test_the_listen_database_connection_gets_the_workers_tcp_hardening(
     direct["OPTIONS"] = {"keepalives_idle": 42}  # the site's own value wins
     monkeypatch.setitem(connections.settings, alias, direct)
     default = connections.settings["default"]  # the worker hardens it too: undone after
-    monkeypatch.setitem(default, "OPTIONS", dict(default.get("OPTIONS", {})))
+    # Without the values an earlier in-process worker of this run left there (the site's own
+    # values win, so they would stand in for this worker's).
+    hardening = {"connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval"}
+    hardening |= {"keepalives_count", "tcp_user_timeout"}
+    site_options = {k: v for k, v in default.get("OPTIONS", {}).items() if k not in hardening}
+    monkeypatch.setitem(default, "OPTIONS", site_options)
     options = {"LEASE_DURATION": 12, "HEARTBEAT_INTERVAL": 4, "LISTEN_DATABASE": alias}
     backend = {"BACKEND": "django_leasejobs.backend.LeaseJobsBackend", "OPTIONS": options}
     with override_settings(TASKS={"default": backend}):

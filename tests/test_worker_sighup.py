@@ -31,7 +31,10 @@ from tests.worker_harness import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("sighup_default")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("terminal_signals_default"),
+]
 
 
 def _started(marker_dir: str, name: str) -> list[list[int]]:
