@@ -38,139 +38,21 @@ once a second while busy, within 10 s when idle), so a short ``--duration`` is n
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
-from psycopg import sql
-
-if os.name == "posix":
-    import pwd
+from pgserver import PrivateServer, create_database, drop_database, stop_workers, with_database
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MARK = "leasejobs-bench idle.py"
 DEFAULT_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
-
-
-class PrivateServer:
-    """A throwaway PostgreSQL from the system's binaries, on 127.0.0.1 and a free port."""
-
-    def __init__(self, max_connections: int) -> None:
-        import glob
-        import shutil
-        import socket
-
-        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
-        if not found:
-            raise SystemExit("--private-server: no /usr/lib/postgresql/*/bin/pg_ctl")
-        self.bindir = Path(found[-1]).parent
-        self.base = Path(tempfile.mkdtemp(prefix="leasejobs-idle-pg-"))
-        self.pgdata = self.base / "pgdata"
-        self.as_user: list[str] = []
-        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-            self.as_user = ["runuser", "-u", "postgres", "--"]
-            entry = pwd.getpwnam("postgres")
-            os.chown(self.base, entry.pw_uid, entry.pw_gid)
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self._rmtree = shutil.rmtree
-        subprocess.run(
-            [
-                *self.as_user,
-                str(self.bindir / "initdb"),
-                "-D",
-                str(self.pgdata),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-sync",
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        settings = (
-            f"-c port={self.port} -c listen_addresses=127.0.0.1 "
-            f"-c unix_socket_directories={self.base} -c max_connections={max_connections} "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-        )
-        subprocess.run(
-            [
-                *self.as_user,
-                str(self.bindir / "pg_ctl"),
-                "-D",
-                str(self.pgdata),
-                "-w",
-                "-l",
-                str(self.base / "server.log"),
-                "-o",
-                settings,
-                "start",
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        self.url = f"postgres://postgres@127.0.0.1:{self.port}/postgres"
-
-    def stop(self) -> None:
-        subprocess.run(
-            [
-                *self.as_user,
-                str(self.bindir / "pg_ctl"),
-                "-D",
-                str(self.pgdata),
-                "-m",
-                "immediate",
-                "-w",
-                "stop",
-            ],
-            check=False,
-            stdout=subprocess.DEVNULL,
-        )
-        self._rmtree(self.base, ignore_errors=True)
-
-
-def with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{name}"))
-
-
-def database_comment(admin: psycopg.Connection[Any], name: str) -> str | None:
-    row = admin.execute(
-        "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
-        [name],
-    ).fetchone()
-    if row is None:
-        return None
-    return row[0] or ""
-
-
-def drop_database(admin: psycopg.Connection[Any], name: str) -> None:
-    comment = database_comment(admin, name)
-    if comment is None:
-        return
-    if not comment.startswith(MARK):
-        raise SystemExit(f"database {name!r} exists and is not this bench's: not touching it")
-    admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-def create_database(admin: psycopg.Connection[Any], name: str) -> None:
-    drop_database(admin, name)
-    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    admin.execute(
-        sql.SQL("COMMENT ON DATABASE {} IS {}").format(sql.Identifier(name), sql.Literal(MARK))
-    )
 
 
 def counters(admin: psycopg.Connection[Any], name: str, url: str) -> tuple[int, int]:
@@ -194,22 +76,6 @@ def connections_of(admin: psycopg.Connection[Any], name: str) -> int:
         [name],
     ).fetchall()
     return int(count)
-
-
-def stop_workers(procs: list[subprocess.Popen[bytes]], timeout: float = 30.0) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-    for proc in procs:  # each in its own session: its group is everything it started
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
 
 
 def main() -> int:
@@ -248,7 +114,7 @@ def measure(args: argparse.Namespace, admin_url: str | None) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     logdir = Path(tempfile.mkdtemp(prefix="leasejobs-idle-"))
     with psycopg.connect(admin_url, autocommit=True) as admin:
-        create_database(admin, args.db_name)
+        create_database(admin, args.db_name, MARK)
         try:
             subprocess.run([sys.executable, str(manage), "migrate", "-v0"], env=env, check=True)
             if options:  # the testproject reads no OPTIONS from the environment: a shim
@@ -320,7 +186,7 @@ def measure(args: argparse.Namespace, admin_url: str | None) -> int:
         finally:
             stop_workers(procs)
             if not args.keep:
-                drop_database(admin, args.db_name)
+                drop_database(admin, args.db_name, MARK)
     return 0
 
 

@@ -1,6 +1,8 @@
 """One reaper pass: ``leases.reap`` plus its signals and its log line.
 
-Used by ``manage.py reap_stale_locks`` and by every worker's background reaper thread.
+Used by ``manage.py reap_stale_locks``; every worker's heartbeat thread runs
+``leases.reap`` itself (sometimes in one transaction with its registry touch) and
+then ``announce_reaped``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,22 @@ def reap_once(
     """Run the reap statement once; log and signal what it recovered."""
     started = time.monotonic()
     reaped = leases.reap(stale_lock_age=stale_lock_age, backend=backend, using=using)
-    duration = time.monotonic() - started
+    announce_reaped(
+        reaped, backend=backend, using=using, reaper=reaper, duration=time.monotonic() - started
+    )
+    return reaped
+
+
+def announce_reaped(
+    reaped: list[leases.ReapedJob],
+    *,
+    backend: str | None,
+    using: str,
+    reaper: str,
+    duration: float,
+) -> None:
+    """After a reap pass committed: log what it recovered, ``NOTIFY`` idle workers of the
+    jobs put back to ``pending``, and send ``job_reaped`` for each job."""
     if reaped:
         by_status: dict[str, int] = {}
         for job in reaped:
@@ -72,4 +89,3 @@ def reap_once(
             worker_id=job.worker,
             status=job.status,
         )
-    return reaped

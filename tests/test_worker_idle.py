@@ -229,3 +229,68 @@ def test_the_listen_database_connection_gets_the_workers_tcp_hardening(
     assert params["keepalives_idle"] == 42
     assert params["connect_timeout"] == 10
     assert connections.settings["default"]["OPTIONS"]["tcp_user_timeout"] == 12_000
+
+
+TICK_LINE = re.compile(r"heartbeat tick: (.*)")
+SAFETY_POLL = "safety poll: no job due (none pending), no claim"
+TICKS = {
+    "POLL_INTERVAL": 0.2,
+    "IDLE_POLL_INTERVAL": 1,
+    "HEARTBEAT_INTERVAL": 0.4,
+    "STALE_LOCK_INTERVAL": 0.4,
+    "LEASE_DURATION": 3,
+}
+
+
+def worker_backends() -> int:
+    """Connections to the test database other than this test's own."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        (count,) = cursor.fetchone()
+    return int(count)
+
+
+def test_an_idle_listening_worker_holds_three_connections_and_commits_once_per_tick(
+    workers: Workers,
+) -> None:
+    """The main thread closes its connection after registering; the heartbeat runs the
+    reap passes on its own connection, and an idle tick's registry touch and reap pass
+    are one transaction (the touch every other beat); a safety poll that finds nothing
+    due does not claim. What is left: the database thread, the heartbeat, the listener."""
+    require_postgresql()
+    worker = workers.start(options=TICKS, args=ARGS, env=FRESH)
+    listening_and_idle(worker)
+    wait_until(
+        lambda: (
+            worker.output.count(SAFETY_POLL) >= 2 and len(TICK_LINE.findall(worker.output)) >= 6
+        ),
+        timeout=20,
+        what="two safety polls and six heartbeat ticks",
+    )
+    wait_until(lambda: worker_backends() == 3, timeout=10, what="three connections")
+    ticks = TICK_LINE.findall(worker.output)
+    # Every tick reaps (same interval); the registry row is touched on every other one,
+    # and then in the reap pass's transaction: never a commit of its own.
+    assert all("reap pass (0 reaped)" in tick for tick in ticks), ticks
+    combined = [tick for tick in ticks if "registry row" in tick]
+    assert all(tick.endswith(" in one transaction") for tick in combined), ticks
+    assert 2 <= len(combined) <= len(ticks) // 2 + 1, ticks
+    assert not any("renewed" in tick for tick in ticks), ticks
+    # Each safety poll looked up the next due job and did not claim.
+    assert set(idle_waits(worker)[1:]) <= {(1.0, "listening")}, idle_waits(worker)
+    # Still three after more ticks and polls: nothing opens a connection per pass.
+    seen = len(TICK_LINE.findall(worker.output))
+    wait_until(
+        lambda: (
+            len(TICK_LINE.findall(worker.output)) >= seen + 4
+            and worker.output.count(SAFETY_POLL) >= 4
+        ),
+        timeout=20,
+        what="more ticks and safety polls",
+    )
+    assert worker_backends() == 3
+    worker.terminate()
+    assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.output

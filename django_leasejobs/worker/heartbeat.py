@@ -1,33 +1,36 @@
-"""Background threads of a worker: heartbeat, watchdog and reaper.
+"""Background threads of a worker: heartbeat (with the reaper's passes) and watchdog.
 
 * ``Heartbeat`` renews all of the worker's leases in one UPDATE every
   ``HEARTBEAT_INTERVAL``, carries the jobs' progress, and stops jobs whose lease
-  was not renewed or whose cancel was requested. It also touches the worker's
-  registry row.
+  was not renewed or whose cancel was requested. It touches the worker's registry
+  row: every beat while the worker holds a lease or its state changed, every
+  ``IDLE_TOUCH_BEATS`` beats otherwise. On the same connection it runs the reap
+  pass of ``manage.py reap_stale_locks`` every ``STALE_LOCK_INTERVAL`` seconds; a
+  touch and a reap pass that fall on the same tick share one transaction, so an
+  idle worker makes one commit per tick.
 * ``Watchdog`` never touches the database, so it keeps working when the database
   does not answer: it stops jobs whose last renewal is older than
   ``LEASE_DURATION - HEARTBEAT_INTERVAL`` (the worker fences itself before the
   database-side lease expires), jobs past their timeout, and escalates SIGTERM to
   SIGKILL after ``LOCK_LOST_GRACE``.
-* ``Reaper`` runs the same reap pass as ``manage.py reap_stale_locks`` every
-  ``STALE_LOCK_INTERVAL`` seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 
 from .. import leases
 from ..functions import DatabaseNow
 from ..leases import storable_text
 from ..models import Worker as WorkerRow
-from ..reaper import reap_once
+from ..reaper import announce_reaped
 from ..signals import heartbeat_sent
 from .rounds import is_connection_error
 
@@ -69,18 +72,99 @@ class _WorkerThread(threading.Thread):
         raise NotImplementedError
 
 
+IDLE_TOUCH_BEATS = 2
+"""A worker that holds no lease touches its registry row every this many beats (the
+admin and ``leasejobs_status`` call a worker gone after ``3 * HEARTBEAT_INTERVAL + 5`` s)."""
+
+
+def _advance(due: float, every: float, now: float) -> float:
+    """The next time of a tick due at ``due``; one that fell behind starts again from now."""
+    following = due + every
+    return following if following > now else now + every
+
+
 class Heartbeat(_WorkerThread):
     def __init__(self, worker: Worker, stop: threading.Event) -> None:
         super().__init__(worker, stop, "heartbeat")
+        self._beats_since_touch = 0
+        self._touched_state: tuple[str, str] | None = None
+        self._reap_took = 0.0
 
     def loop(self) -> None:
-        interval = self.worker.options.heartbeat_interval
-        while not self.stop_event.wait(interval):
-            self.beat()
+        options = self.worker.options
+        beat_every = options.heartbeat_interval
+        reap_every = options.stale_lock_interval
+        started = time.monotonic()
+        next_beat = started + beat_every
+        next_reap = started + reap_every if reap_every > 0 else math.inf
+        while not self.stop_event.wait(max(0.0, min(next_beat, next_reap) - time.monotonic())):
+            now = time.monotonic()
+            beat, reap = now >= next_beat, now >= next_reap
+            if beat:
+                next_beat = _advance(next_beat, beat_every, now)
+            if reap:
+                next_reap = _advance(next_reap, reap_every, now)
+            self.tick(beat=beat, reap=reap)
 
-    def beat(self) -> None:
+    def tick(self, *, beat: bool, reap: bool) -> None:
+        """One tick: the beat (renewals, the registry row) and/or the reap pass."""
         worker = self.worker
         started = time.monotonic()
+        renewed = 0
+        touch = False
+        reaped: list[leases.ReapedJob] = []
+        doing = "heartbeat"
+        try:
+            if beat:
+                renewed = self._renew_leases()
+                touch = self._touch_due(renewed)
+            if touch and reap:
+                with transaction.atomic(using=worker.database):
+                    self._touch()
+                    reaped = self._reap()
+            elif touch:
+                self._touch()
+            elif reap:
+                doing = "background reap"
+                reaped = self._reap()
+        except DatabaseError as exc:
+            logger.warning(
+                "%s failed: %s",
+                doing,
+                exc,
+                extra={"worker": worker.worker_id, "error": str(exc)},
+            )
+            self._reset_connection()
+            if renewed or touch:
+                self._sent(started, exc)
+            return
+        if renewed or touch:
+            self._sent(started, None)
+        if logger.isEnabledFor(logging.DEBUG):
+            done = [f"renewed {renewed} leases"] if renewed else []
+            done += ["registry row"] if touch else []
+            done += [f"reap pass ({len(reaped)} reaped)"] if reap else []
+            logger.debug(
+                "heartbeat tick: %s%s",
+                ", ".join(done) or "nothing due",
+                " in one transaction" if touch and reap else "",
+                extra={
+                    "worker": worker.worker_id,
+                    "duration": round(time.monotonic() - started, 6),
+                },
+            )
+        if reaped:
+            announce_reaped(
+                reaped,
+                backend=worker.backend.alias,
+                using=worker.database,
+                reaper=worker.worker_id,
+                duration=self._reap_took,
+            )
+
+    def _renew_leases(self) -> int:
+        """Renew every lease the worker holds; how many it tried (0: it holds none)."""
+        worker = self.worker
         # An outcome that could not be written for this long is not renewed any more: the
         # lease runs out and the reaper takes the job back (the worker gives it up).
         unrecorded_since = time.monotonic() - worker.options.local_lease_deadline
@@ -94,57 +178,74 @@ class Heartbeat(_WorkerThread):
             being_written = {
                 lease for lease, running in worker.running.items() if running.recording
             }
-        try:
-            if wanted:
-                result = self._renew(wanted)
-                now = time.monotonic()
-                with worker.lock:
-                    for lease in result.held:
-                        if lease in worker.running:
-                            worker.running[lease].last_renewed = now
-                for lease in result.lost:
-                    worker.stop(
-                        lease,
-                        "lease_lost",
-                        "the renewal matched no row (reaped, re-claimed or finished elsewhere)",
-                    )
-                for lease in result.cancel_requested:
-                    worker.stop(lease, "cancelled", "an operator cancelled the job")
-                # Locked by another transaction: not renewed this time, not lost either; one
-                # that stays locked past the local deadline is stopped by the watchdog. (Rows
-                # this worker's own database thread is writing right now are no news.)
-                foreign = result.skipped - being_written
-                if foreign:
-                    logger.warning(
-                        "renewal skipped %d leases whose rows another transaction holds locked",
-                        len(foreign),
-                        extra={
-                            "worker": worker.worker_id,
-                            "count": len(foreign),
-                            "job_ids": sorted(job_id for job_id, _ in foreign),
-                        },
-                    )
-            seen = (
-                WorkerRow.objects.using(worker.database)
-                .filter(pk=worker.worker_id)
-                .update(
-                    last_seen_at=DatabaseNow(),
-                    state="stopping" if worker.stopping else "running",
-                    problem=worker.problem,
-                )
+        if not wanted:
+            return 0
+        result = self._renew(wanted)
+        now = time.monotonic()
+        with worker.lock:
+            for lease in result.held:
+                if lease in worker.running:
+                    worker.running[lease].last_renewed = now
+        for lease in result.lost:
+            worker.stop(
+                lease,
+                "lease_lost",
+                "the renewal matched no row (reaped, re-claimed or finished elsewhere)",
             )
-            if not seen:  # the row was deleted (by an operator): put it back
-                worker.register()
-        except DatabaseError as exc:
+        for lease in result.cancel_requested:
+            worker.stop(lease, "cancelled", "an operator cancelled the job")
+        # Locked by another transaction: not renewed this time, not lost either; one that
+        # stays locked past the local deadline is stopped by the watchdog. (Rows this
+        # worker's own database thread is writing right now are no news.)
+        foreign = result.skipped - being_written
+        if foreign:
             logger.warning(
-                "heartbeat failed: %s",
-                exc,
-                extra={"worker": worker.worker_id, "count": len(wanted), "error": str(exc)},
+                "renewal skipped %d leases whose rows another transaction holds locked",
+                len(foreign),
+                extra={
+                    "worker": worker.worker_id,
+                    "count": len(foreign),
+                    "job_ids": sorted(job_id for job_id, _ in foreign),
+                },
             )
-            self._reset_connection()
-            self._sent(started, exc)
-        else:
-            self._sent(started, None)
+        return len(wanted)
+
+    def _state(self) -> tuple[str, str]:
+        worker = self.worker
+        return ("stopping" if worker.stopping else "running", worker.problem)
+
+    def _touch_due(self, renewed: int) -> bool:
+        self._beats_since_touch += 1
+        return (
+            renewed > 0
+            or self._touched_state != self._state()
+            or self._beats_since_touch >= IDLE_TOUCH_BEATS
+        )
+
+    def _touch(self) -> None:
+        """Update the worker's registry row (put it back if an operator deleted it)."""
+        worker = self.worker
+        state, problem = self._state()
+        seen = (
+            WorkerRow.objects.using(worker.database)
+            .filter(pk=worker.worker_id)
+            .update(last_seen_at=DatabaseNow(), state=state, problem=problem)
+        )
+        if not seen:
+            worker.register()
+        self._beats_since_touch = 0
+        self._touched_state = (state, problem)
+
+    def _reap(self) -> list[leases.ReapedJob]:
+        worker = self.worker
+        started = time.monotonic()
+        reaped = leases.reap(
+            stale_lock_age=worker.options.stale_lock_age,
+            backend=worker.backend.alias,
+            using=worker.database,
+        )
+        self._reap_took = time.monotonic() - started
+        return reaped
 
     def _sent(self, started: float, error: DatabaseError | None) -> None:
         worker = self.worker
@@ -219,26 +320,3 @@ class Watchdog(_WorkerThread):
             ):
                 worker.stop(lease, "timeout", f"after {now - running.started:.1f}s")
         worker.pool.escalate()
-
-
-class Reaper(_WorkerThread):
-    def __init__(self, worker: Worker, stop: threading.Event) -> None:
-        super().__init__(worker, stop, "reaper")
-
-    def loop(self) -> None:
-        worker = self.worker
-        while not self.stop_event.wait(worker.options.stale_lock_interval):
-            try:
-                reap_once(
-                    stale_lock_age=worker.options.stale_lock_age,
-                    backend=worker.backend.alias,
-                    using=worker.database,
-                    reaper=worker.worker_id,
-                )
-            except DatabaseError as exc:
-                logger.warning(
-                    "background reap failed: %s",
-                    exc,
-                    extra={"worker": worker.worker_id, "error": str(exc)},
-                )
-                self._reset_connection()

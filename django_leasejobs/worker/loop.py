@@ -6,10 +6,12 @@ Threads of one worker process:
   jobs are short) in one statement, dispatches, records the outcomes that arrived
   meanwhile in batches (one fenced UPDATE for all successes, one for all failures),
   sleeps until a slot reports, a NOTIFY arrives, or the poll interval passes;
-* heartbeat (``heartbeat.py``): renews every lease of this worker in one UPDATE;
+* database thread (``rounds.py``): the main loop's claims and outcome writes;
+* heartbeat (``heartbeat.py``): renews every lease of this worker in one UPDATE, touches
+  the worker's registry row, and runs the set-based reap every ``STALE_LOCK_INTERVAL``,
+  on one connection;
 * watchdog (``heartbeat.py``): never touches the database; stops jobs whose lease is
   lost by the local deadline, whose timeout passed, and escalates SIGTERM to SIGKILL;
-* reaper (``heartbeat.py``): the set-based reap every ``STALE_LOCK_INTERVAL``;
 * listener (``listener.py``, PostgreSQL): ``LISTEN leasejobs`` to wake the main loop;
 * scheduler (``scheduler.py``): enqueues the due ticks of the backend's ``SCHEDULES``.
 """
@@ -56,7 +58,7 @@ from .execution import (
     error_as_task_error,
     running_result,
 )
-from .heartbeat import Heartbeat, Reaper, Watchdog
+from .heartbeat import Heartbeat, Watchdog
 from .listener import Listener
 from .pools import Event, ProcessPool, ProgressEvent, ThreadPool
 from .rounds import RoundContext, RoundPlan, RoundResult, run_round
@@ -316,6 +318,9 @@ class Worker:
         self.pool.start()  # fork the slots before any other thread exists
         try:
             self.register()
+            # The main thread needs no connection until it deregisters: close the one it
+            # registered with rather than hold it for the worker's life.
+            connections[self.database].close()
             self._start_threads()
             logger.info(
                 "worker %s started: backend=%s queues=%s pool=%s concurrency=%d lease=%gs "
@@ -373,8 +378,6 @@ class Worker:
             Heartbeat(self, self._stop_threads),
             Watchdog(self, self._stop_threads),
         ]
-        if self.options.stale_lock_interval > 0:
-            self._threads.append(Reaper(self, self._stop_threads))
         if connections[self.database].vendor == "postgresql":
             self._threads.append(Listener(self, self._stop_threads))
         if self._scheduled:
@@ -573,6 +576,10 @@ class Worker:
         if not plan.writes and not plan.claim_limit:
             return
         if plan.claim_limit:
+            # No NOTIFY, no full batch: only the timer brought this claim.
+            plan.look_first = self.listening and not (
+                plan.writes or self._claim_wanted or self.config.burst
+            )
             self._claim_wanted = False
         ctx = RoundContext(
             worker_id=self.worker_id,
@@ -591,15 +598,31 @@ class Worker:
         Jobs this round gave back (prefetched jobs, or released at shutdown) get a
         NOTIFY, so idle workers that wait on one take them at once. After an empty
         claim by a listening worker, one more query finds when its next delayed job
-        comes due: a NOTIFY is sent at enqueue, not when ``run_after`` passes.
+        comes due: a NOTIFY is sent at enqueue, not when ``run_after`` passes. A safety
+        poll (``plan.look_first``) asks that first, and claims only when a job is due:
+        an idle worker's poll is then one query, not two.
         """
+        known_due: float | None = None
+        if plan.look_first:
+            with contextlib.suppress(Exception):  # (claim as usual, and look after it)
+                known_due = self._seconds_to_next_due()
+                if known_due is None or known_due > 0:
+                    self._next_due = known_due
+                    logger.debug(
+                        "safety poll: no job due (%s), no claim",
+                        "none pending" if known_due is None else f"next in {known_due:.3f}s",
+                        extra={"worker": self.worker_id},
+                    )
+                    return RoundResult(claimed=[])
         result = run_round(plan, ctx)
         self._next_due = None
         if result.error is None:
             try:
                 self._notify_given_back(plan, result)
                 if self.listening and plan.claim_limit and result.claimed == []:
-                    self._next_due = self._seconds_to_next_due()
+                    self._next_due = (
+                        known_due if known_due is not None else self._seconds_to_next_due()
+                    )
             except Exception as exc:  # the idle wait falls back to POLL_INTERVAL
                 self._next_due = 0.0
                 logger.warning(

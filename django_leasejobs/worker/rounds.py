@@ -51,6 +51,9 @@ class RoundPlan:
     unclaims: list[tuple[RunningJob, Any]] = field(default_factory=list)
     """Prefetched jobs that never started, given back."""
     claim_limit: int = 0
+    look_first: bool = False
+    """The safety poll of an idle listening worker: the worker first looks up when the
+    next job of its queues comes due, and claims only if one is due already."""
     history: bool = False
     """Fetch the attempt rows of jobs that finish in this round after an earlier attempt
     (``task_finished`` receivers get every attempt's error and worker)."""

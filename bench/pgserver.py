@@ -1,0 +1,177 @@
+"""A throwaway PostgreSQL server and bench databases, shared by the bench scripts.
+
+``PrivateServer`` starts a PostgreSQL of its own from the system's binaries
+(``/usr/lib/postgresql/*/bin``; as the ``postgres`` user when run as root) in a fresh
+data directory under /tmp, on 127.0.0.1 and a free port, and deletes it at ``stop()``.
+A bench marks each database it creates with a comment and never drops one without its
+mark. ``stop_workers`` stops worker processes started each in its own session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+if os.name == "posix":
+    import pwd
+
+
+class PrivateServer:
+    """A throwaway PostgreSQL from the system's binaries, on 127.0.0.1 and a free port.
+
+    ``production=False`` (the default) trades durability for speed (``fsync``,
+    ``synchronous_commit`` and ``full_page_writes`` off): right for counting what
+    clients do. ``production=True`` keeps PostgreSQL's own defaults for those and for
+    autovacuum (on): right for WAL volume, bloat and sustained load. ``settings`` adds
+    ``-c`` settings over either.
+    """
+
+    def __init__(
+        self,
+        max_connections: int,
+        *,
+        production: bool = False,
+        settings: dict[str, str] | None = None,
+        prefix: str = "leasejobs-bench-pg-",
+    ) -> None:
+        import glob
+        import shutil
+        import socket
+
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+        if not found:
+            raise SystemExit("--private-server: no /usr/lib/postgresql/*/bin/pg_ctl")
+        self.bindir = Path(found[-1]).parent
+        self.base = Path(tempfile.mkdtemp(prefix=prefix))
+        self.pgdata = self.base / "pgdata"
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+            entry = pwd.getpwnam("postgres")
+            os.chown(self.base, entry.pw_uid, entry.pw_gid)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self._rmtree = shutil.rmtree
+        subprocess.run(
+            [
+                *self.as_user,
+                str(self.bindir / "initdb"),
+                "-D",
+                str(self.pgdata),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        values = {
+            "port": str(self.port),
+            "listen_addresses": "127.0.0.1",
+            "unix_socket_directories": str(self.base),
+            "max_connections": str(max_connections),
+        }
+        if not production:
+            values.update(fsync="off", synchronous_commit="off", full_page_writes="off")
+        values.update(settings or {})
+        options = " ".join(f"-c {name}={value}" for name, value in values.items())
+        subprocess.run(
+            [
+                *self.as_user,
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self.pgdata),
+                "-w",
+                "-l",
+                str(self.base / "server.log"),
+                "-o",
+                options,
+                "start",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        self.url = f"postgres://postgres@127.0.0.1:{self.port}/postgres"
+
+    def stop(self) -> None:
+        subprocess.run(
+            [
+                *self.as_user,
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self.pgdata),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+            check=False,
+            stdout=subprocess.DEVNULL,
+        )
+        self._rmtree(self.base, ignore_errors=True)
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def database_comment(admin: psycopg.Connection[Any], name: str) -> str | None:
+    row = admin.execute(
+        "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
+        [name],
+    ).fetchone()
+    if row is None:
+        return None
+    return row[0] or ""
+
+
+def drop_database(admin: psycopg.Connection[Any], name: str, mark: str) -> None:
+    """Drop a database this bench created (its comment starts with ``mark``); refuse any
+    other."""
+    comment = database_comment(admin, name)
+    if comment is None:
+        return
+    if not comment.startswith(mark):
+        raise SystemExit(f"database {name!r} exists and is not this bench's: not touching it")
+    admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def create_database(admin: psycopg.Connection[Any], name: str, mark: str) -> None:
+    """Create a database marked as this bench's (a comment starting with ``mark``), after
+    dropping an earlier one of the same bench."""
+    drop_database(admin, name, mark)
+    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    admin.execute(
+        sql.SQL("COMMENT ON DATABASE {} IS {}").format(sql.Identifier(name), sql.Literal(mark))
+    )
+
+
+def stop_workers(procs: list[subprocess.Popen[bytes]], timeout: float = 30.0) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    for proc in procs:  # each in its own session: its group is everything it started
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
