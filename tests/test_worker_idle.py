@@ -242,6 +242,10 @@ TICKS = {
 }
 
 
+def ticks(worker: WorkerProcess) -> list[str]:
+    return TICK_LINE.findall(worker.output)
+
+
 def worker_backends() -> int:
     """Connections to the test database other than this test's own."""
     with connection.cursor() as cursor:
@@ -256,41 +260,76 @@ def worker_backends() -> int:
 def test_an_idle_listening_worker_holds_three_connections_and_commits_once_per_tick(
     workers: Workers,
 ) -> None:
-    """The main thread closes its connection after registering; the heartbeat runs the
-    reap passes on its own connection, and an idle tick's registry touch and reap pass
-    are one transaction (the touch every other beat); a safety poll that finds nothing
-    due does not claim. What is left: the database thread, the heartbeat, the listener."""
+    """The main thread closes its connection after registering; the heartbeat thread runs
+    the reap passes and, while the worker is idle and listening, the next-due lookup that
+    stands in for the main loop's safety poll, all in one transaction per tick (the
+    registry row touched every other beat). What stays open: the database thread, the
+    heartbeat and the listener."""
     require_postgresql()
     worker = workers.start(options=TICKS, args=ARGS, env=FRESH)
     listening_and_idle(worker)
+    looked = len(idle_waits(worker))
+    seen = len(ticks(worker))
     wait_until(
-        lambda: (
-            worker.output.count(SAFETY_POLL) >= 2 and len(TICK_LINE.findall(worker.output)) >= 6
-        ),
+        lambda: len(ticks(worker)) >= seen + 8,
         timeout=20,
-        what="two safety polls and six heartbeat ticks",
+        what="eight more heartbeat ticks (3.2 s, over three IDLE_POLL_INTERVALs)",
     )
     wait_until(lambda: worker_backends() == 3, timeout=10, what="three connections")
-    ticks = TICK_LINE.findall(worker.output)
-    # Every tick reaps (same interval); the registry row is touched on every other one,
-    # and then in the reap pass's transaction: never a commit of its own.
-    assert all("reap pass (0 reaped)" in tick for tick in ticks), ticks
-    combined = [tick for tick in ticks if "registry row" in tick]
-    assert all(tick.endswith(" in one transaction") for tick in combined), ticks
-    assert 2 <= len(combined) <= len(ticks) // 2 + 1, ticks
-    assert not any("renewed" in tick for tick in ticks), ticks
-    # Each safety poll looked up the next due job and did not claim.
-    assert set(idle_waits(worker)[1:]) <= {(1.0, "listening")}, idle_waits(worker)
-    # Still three after more ticks and polls: nothing opens a connection per pass.
-    seen = len(TICK_LINE.findall(worker.output))
-    wait_until(
-        lambda: (
-            len(TICK_LINE.findall(worker.output)) >= seen + 4
-            and worker.output.count(SAFETY_POLL) >= 4
-        ),
-        timeout=20,
-        what="more ticks and safety polls",
-    )
+    idle_ticks = ticks(worker)[seen:]
+    # Every idle tick reaps and looks up the next due job (same interval), in one
+    # transaction with the registry touch when there is one (every other tick).
+    assert all(
+        "reap pass (0 reaped)" in tick
+        and "next-due lookup" in tick
+        and tick.endswith(" in one transaction")
+        for tick in idle_ticks
+    ), idle_ticks
+    touched = [tick for tick in idle_ticks if "registry row" in tick]
+    assert len(idle_ticks) // 2 - 1 <= len(touched) <= len(idle_ticks) // 2 + 1, idle_ticks
+    assert not any("renewed" in tick for tick in idle_ticks), idle_ticks
+    # The heartbeat's lookups stood in for the main loop's safety poll (every 1 s):
+    # the main loop did not look for work at all meanwhile.
+    assert len(idle_waits(worker)) == looked, idle_waits(worker)[looked:]
+    assert SAFETY_POLL not in worker.output
     assert worker_backends() == 3
+    worker.terminate()
+    assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.output
+
+
+def test_a_job_made_pending_without_notify_starts_at_the_next_heartbeat_tick(
+    workers: Workers, marker_dir: str
+) -> None:
+    """A row changed without a ``NOTIFY`` (by hand, by another program) is found by the
+    next-due lookup of the idle worker's heartbeat tick, long before the 60 s safety
+    poll."""
+    require_postgresql()
+    result = tasks_worker_flow.record_id.enqueue(marker_dir, "by hand")
+    Job.objects.filter(pk=int(result.id)).update(status=JobStatus.DEAD)
+    options = {**TICKS, "IDLE_POLL_INTERVAL": 60}
+    worker = workers.start(options=options, args=ARGS, env=FRESH)
+    listening_and_idle(worker)
+    seen = len(ticks(worker))
+    wait_until(lambda: len(ticks(worker)) >= seen + 2, timeout=10, what="two idle ticks")
+    assert job(result.id).status == JobStatus.DEAD
+    Job.objects.filter(pk=int(result.id)).update(status=JobStatus.PENDING)  # no NOTIFY
+    wait_until(lambda: succeeded(result.id), timeout=10, what="the job to run")
+    worker.terminate()
+    assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.output
+
+
+def test_a_safety_poll_that_finds_nothing_due_does_not_claim(workers: Workers) -> None:
+    """With ``IDLE_POLL_INTERVAL`` shorter than the heartbeat, the main loop's own safety
+    poll runs: it looks up the next due job first and claims only when one is due."""
+    require_postgresql()
+    options = {**TICKS, "IDLE_POLL_INTERVAL": 0.5, "HEARTBEAT_INTERVAL": 2, "LEASE_DURATION": 6}
+    worker = workers.start(options=options, args=ARGS, env=FRESH)
+    listening_and_idle(worker)
+    wait_until(
+        lambda: worker.output.count(SAFETY_POLL) >= 3,
+        timeout=15,
+        what="three safety polls",
+    )
+    assert set(idle_waits(worker)[1:]) <= {(0.5, "listening")}, idle_waits(worker)
     worker.terminate()
     assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.output

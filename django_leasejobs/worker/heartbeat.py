@@ -5,8 +5,10 @@
   was not renewed or whose cancel was requested. It touches the worker's registry
   row: every beat while the worker holds a lease or its state changed, every
   ``IDLE_TOUCH_BEATS`` beats otherwise. On the same connection it runs the reap
-  pass of ``manage.py reap_stale_locks`` every ``STALE_LOCK_INTERVAL`` seconds; a
-  touch and a reap pass that fall on the same tick share one transaction, so an
+  pass of ``manage.py reap_stale_locks`` every ``STALE_LOCK_INTERVAL`` seconds. While
+  the worker holds no lease and listens for ``NOTIFY``, each beat also looks up when
+  the next job of its queues comes due, which the main loop takes as its safety poll
+  (``Worker.heard_next_due``). What falls on one tick shares one transaction, so an
   idle worker makes one commit per tick.
 * ``Watchdog`` never touches the database, so it keeps working when the database
   does not answer: it stops jobs whose last renewal is older than
@@ -22,6 +24,8 @@ import logging
 import math
 import threading
 import time
+from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections, transaction
@@ -72,6 +76,14 @@ class _WorkerThread(threading.Thread):
         raise NotImplementedError
 
 
+@dataclass(frozen=True, slots=True)
+class NextDue:
+    """When the next pending job of a worker's queues comes due: seconds from the lookup
+    (negative or 0: due already), or None when none is pending."""
+
+    seconds: float | None
+
+
 IDLE_TOUCH_BEATS = 2
 """A worker that holds no lease touches its registry row every this many beats (the
 admin and ``leasejobs_status`` call a worker gone after ``3 * HEARTBEAT_INTERVAL + 5`` s)."""
@@ -111,22 +123,26 @@ class Heartbeat(_WorkerThread):
         worker = self.worker
         started = time.monotonic()
         renewed = 0
-        touch = False
+        touch = look = False
         reaped: list[leases.ReapedJob] = []
+        due: NextDue | None = None
         doing = "heartbeat"
         try:
             if beat:
                 renewed = self._renew_leases()
                 touch = self._touch_due(renewed)
-            if touch and reap:
-                with transaction.atomic(using=worker.database):
-                    self._touch()
-                    reaped = self._reap()
-            elif touch:
-                self._touch()
-            elif reap:
+                # An idle listening worker's safety poll rides on its tick (see module doc).
+                look = not renewed and worker.listening
+            if not (touch or look):
                 doing = "background reap"
-                reaped = self._reap()
+            together = touch + reap + look > 1
+            with transaction.atomic(using=worker.database) if together else nullcontext():
+                if touch:
+                    self._touch()
+                if reap:
+                    reaped = self._reap()
+                if look:
+                    due = NextDue(worker.seconds_to_next_due())
         except DatabaseError as exc:
             logger.warning(
                 "%s failed: %s",
@@ -140,14 +156,17 @@ class Heartbeat(_WorkerThread):
             return
         if renewed or touch:
             self._sent(started, None)
+        if due is not None:
+            worker.heard_next_due(due)
         if logger.isEnabledFor(logging.DEBUG):
             done = [f"renewed {renewed} leases"] if renewed else []
             done += ["registry row"] if touch else []
             done += [f"reap pass ({len(reaped)} reaped)"] if reap else []
+            done += ["next-due lookup"] if look else []
             logger.debug(
                 "heartbeat tick: %s%s",
                 ", ".join(done) or "nothing due",
-                " in one transaction" if touch and reap else "",
+                " in one transaction" if touch + reap + look > 1 else "",
                 extra={
                     "worker": worker.worker_id,
                     "duration": round(time.monotonic() - started, 6),

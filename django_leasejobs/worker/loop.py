@@ -58,7 +58,7 @@ from .execution import (
     error_as_task_error,
     running_result,
 )
-from .heartbeat import Heartbeat, Watchdog
+from .heartbeat import Heartbeat, NextDue, Watchdog
 from .listener import Listener
 from .pools import Event, ProcessPool, ProgressEvent, ThreadPool
 from .rounds import RoundContext, RoundPlan, RoundResult, run_round
@@ -191,6 +191,8 @@ class Worker:
         this worker, so when idle it polls only every ``IDLE_POLL_INTERVAL`` and when the
         next delayed job of its queues comes due; else every ``POLL_INTERVAL``."""
         self._next_due: float | None = None
+        self._heard_due: NextDue | None = None
+        """The heartbeat's last next-due lookup, not yet taken by the main loop."""
         """Seconds from the last empty claim to the earliest pending ``run_after`` of this
         worker's queues (None: none pending); only looked up while ``listening``."""
         self._selector: selectors.BaseSelector | None = None
@@ -446,6 +448,8 @@ class Worker:
             while True:
                 self._handle_events(self.pool.collect())
                 self._handle_thread_stops()
+                if self._heard_due is not None:
+                    self._take_heard_due()
                 if self.stopping:
                     self._give_back_ready()
                 self._dispatch_ready()
@@ -605,7 +609,7 @@ class Worker:
         known_due: float | None = None
         if plan.look_first:
             with contextlib.suppress(Exception):  # (claim as usual, and look after it)
-                known_due = self._seconds_to_next_due()
+                known_due = self.seconds_to_next_due()
                 if known_due is None or known_due > 0:
                     self._next_due = known_due
                     logger.debug(
@@ -621,7 +625,7 @@ class Worker:
                 self._notify_given_back(plan, result)
                 if self.listening and plan.claim_limit and result.claimed == []:
                     self._next_due = (
-                        known_due if known_due is not None else self._seconds_to_next_due()
+                        known_due if known_due is not None else self.seconds_to_next_due()
                     )
             except Exception as exc:  # the idle wait falls back to POLL_INTERVAL
                 self._next_due = 0.0
@@ -644,7 +648,7 @@ class Worker:
         if queues:
             leases.notify(NOTIFY_CHANNEL, sorted(queues), using=self.database)
 
-    def _seconds_to_next_due(self) -> float | None:
+    def seconds_to_next_due(self) -> float | None:
         """Seconds until the earliest pending ``run_after`` of this worker's queues, by the
         database's clock (negative: due already); None when nothing is pending. One
         query over the pending jobs' partial index (PostgreSQL: only a listening worker
@@ -673,12 +677,7 @@ class Worker:
         already that the claim did not get (another worker's claim held it) is looked
         for again after ``POLL_INTERVAL``.
         """
-        poll = wait = self.options.poll_interval
-        if self.listening:
-            wait = self.options.idle_poll_interval
-            due = self._next_due
-            if due is not None:
-                wait = min(wait, due + DUE_MARGIN if due > 0 else poll)
+        wait = self._until_next_look()
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "no job ready; next look for work in %.3fs (%s)",
@@ -687,6 +686,37 @@ class Worker:
                 extra={"worker": self.worker_id, "duration": round(wait, 6)},
             )
         return wait
+
+    def _until_next_look(self) -> float:
+        poll = wait = self.options.poll_interval
+        if self.listening:
+            wait = self.options.idle_poll_interval
+            due = self._next_due
+            if due is not None:
+                wait = min(wait, due + DUE_MARGIN if due > 0 else poll)
+        return wait
+
+    def heard_next_due(self, due: NextDue) -> None:
+        """The heartbeat's tick of an idle listening worker looked up when the next job of
+        its queues comes due (``seconds_to_next_due``; any thread): the main loop takes
+        it as its safety poll."""
+        self._heard_due = due
+        self.wake()
+
+    def _take_heard_due(self) -> None:
+        """Act on the heartbeat's lookup: claim now if a job is due, else wait for the next
+        one to come due, or ``IDLE_POLL_INTERVAL`` from now. Only while idle and listening:
+        a busy loop claims (and looks) for itself."""
+        heard, self._heard_due = self._heard_due, None
+        if heard is None or not self.listening or self._round is not None or self.ready:
+            return
+        if self._claim_wanted or self._db_failures:
+            return
+        if heard.seconds is not None and heard.seconds <= 0:
+            self._claim_wanted = True
+        else:
+            self._next_due = heard.seconds
+            self._next_poll = time.monotonic() + self._until_next_look()
 
     def _plan(self, claim_limit: int) -> RoundPlan:
         """Sort the queued outcomes into a round; drop those whose lease is presumed lost."""
