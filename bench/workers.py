@@ -149,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     parser.add_argument("--plot", type=Path, default=None, help="SVG plot (docs/img/...)")
     parser.add_argument("--baseline", type=Path, default=None, help="earlier JSON, dashed")
+    parser.add_argument("--worker-args", default="", help="more runworker arguments")
     parser.add_argument("--db-name", default="leasejobs_workers_bench")
     parser.add_argument("--fail-on-miss", action="store_true", help="exit 1 on a missed goal")
     return parser
@@ -180,6 +181,9 @@ def median(values: Sequence[float | None]) -> float | None:
 
 MEDIAN_KEYS = (
     "rate",
+    "steady_rate",
+    "worker_cpu_ms_per_job",
+    "server_cpu_ms_per_job",
     "wall_rate",
     "cold_start_median",
     "cold_start_max",
@@ -367,7 +371,8 @@ class LockSampler(threading.Thread):
         with psycopg.connect(self.url, autocommit=True) as conn:
             while not self.stop_event.is_set():
                 rows = conn.execute(
-                    "SELECT pid, wait_event, query_start::text FROM pg_stat_activity "
+                    "SELECT pid, wait_event || ': ' || left(regexp_replace(query, '\\s+', ' ', "
+                    "'g'), 60), query_start::text FROM pg_stat_activity "
                     "WHERE datname = %s AND wait_event_type = 'Lock'",
                     [self.database],
                 ).fetchall()
@@ -424,10 +429,13 @@ class Bench:
             **os.environ,
             "DATABASE_URL": self.url,
             "DJANGO_SETTINGS_MODULE": SETTINGS_MODULE,
-            "PYTHONPATH": os.pathsep.join([str(self.shim), str(self.manage.parent)]),
+            "PYTHONPATH": os.pathsep.join(
+                [str(self.shim), str(self.manage.parent), str(self.manage.parent.parent)]
+            ),
         }
         self.procs: list[subprocess.Popen[bytes]] = []
         self.statements = False
+        self.pgdata = Path(args.pgdata) if getattr(args, "pgdata", None) else Path("/nonexistent")
 
     def prepare(self) -> None:
         import psycopg
@@ -462,14 +470,41 @@ class Bench:
             [self.args.db_name],
         ).fetchall()
         claim = [r for r in rows if r[0].lstrip().startswith("WITH picked AS")]
-        unclaim = [r for r in rows if "attempt = j.attempt - 1" in r[0]]
+        unclaim = [r for r in rows if "attempt = j.attempt - $" in r[0]]
         calls = sum(r[1] for r in claim)
+        top = sorted(rows, key=lambda r: -r[3])[:6]
         return {
+            "statements": [
+                {"query": " ".join(r[0].split())[:70], "calls": r[1], "rows": r[2], "ms": r[3]}
+                for r in top
+            ],
             "claims": calls,
             "claimed": sum(r[2] for r in claim),
             "claim_ms": sum(r[3] for r in claim) / calls if calls else None,
             "given_back": sum(r[2] for r in unclaim),
         }
+
+    def _firsts(self, conn: Any) -> list[float]:
+        rows = conn.execute(
+            "SELECT EXTRACT(EPOCH FROM min(started_at)) FROM leasejobs_job GROUP BY last_worker"
+        ).fetchall()
+        return [float(r[0]) for r in rows if r[0] is not None]
+
+    def _cpu(self) -> tuple[float, float]:
+        """CPU seconds so far of the workers (with their slots) and of the server."""
+        import resource
+
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        server = 0.0
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            pid = int((self.pgdata / "postmaster.pid").read_text().split()[0])
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks = os.sysconf("SC_CLK_TCK")
+            server = sum(int(f) for f in fields[11:15]) / ticks  # utime stime cutime cstime
+            for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+                cf = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+                server += sum(int(f) for f in cf[11:13]) / ticks
+        return usage.ru_utime + usage.ru_stime, server
 
     def run_point(self, pool: str, workers: int) -> dict[str, Any]:
         import psycopg
@@ -481,7 +516,10 @@ class Bench:
                 "CASCADE"
             )
             subprocess.run(
-                [sys.executable, "-c", ENQUEUE, str(args.jobs)], env=self.env, check=True
+                [sys.executable, "-c", ENQUEUE, str(args.jobs)],
+                env=self.env,
+                cwd=str(args.repo.resolve()),
+                check=True,
             )
             conn.execute("VACUUM ANALYZE leasejobs_job")
             time.sleep(0.6)  # (statistics of the enqueue reach the server)
@@ -490,6 +528,7 @@ class Bench:
             before = self._counters(conn)
         sampler = LockSampler(self.admin_url, args.db_name, args.sample_ms / 1000)
         sampler.start()
+        cpu0 = self._cpu()
         logdir = self.shim / f"logs-{pool}-{workers}-{time.monotonic_ns()}"
         logdir.mkdir()
         spawned: dict[str, float] = {}
@@ -506,6 +545,7 @@ class Bench:
                             *(sys.executable, str(self.manage), "runworker", "--burst"),
                             *("--pool", pool, "--concurrency", str(args.concurrency)),
                             *("--worker-id", worker_id),
+                            *args.worker_args.split(),
                         ],
                         env=self.env,
                         stdout=log,
@@ -524,6 +564,7 @@ class Bench:
                 if code != 0:
                     problems.append(f"a worker exited with {code} (logs {logdir})")
             ended = time.time()
+            cpu1 = self._cpu()
         finally:
             sampler.stop_event.set()
             from pgserver import stop_workers
@@ -544,6 +585,10 @@ class Bench:
                 "EXTRACT(EPOCH FROM min(started_at)), EXTRACT(EPOCH FROM max(finished_at)), "
                 "(SELECT count(*) FROM leasejobs_attempt) FROM leasejobs_job"
             ).fetchall()
+            [(steady_jobs,)] = conn.execute(
+                "SELECT count(*) FROM leasejobs_job WHERE started_at >= to_timestamp(%s)",
+                [max(firsts_all) if (firsts_all := self._firsts(conn)) else 0],
+            ).fetchall()
             firsts = dict(
                 conn.execute(
                     "SELECT last_worker, EXTRACT(EPOCH FROM min(started_at)) FROM leasejobs_job "
@@ -558,6 +603,13 @@ class Bench:
         )
         span = float(last) - float(first) if first is not None and last is not None else None
         jobs = int(total)
+        ups = [float(v) for v in firsts.values() if v is not None]
+        all_up = max(ups) if ups else None
+        steady = (
+            steady_jobs / (float(last) - all_up)
+            if all_up is not None and last is not None and float(last) - all_up > 0.2
+            else None
+        )
         result = {
             "pool": pool,
             "workers": workers,
@@ -565,6 +617,10 @@ class Bench:
             "rate": jobs / span if span else None,
             "wall_rate": jobs / (float(last) - first_spawn) if last is not None else None,
             "wall_seconds": ended - first_spawn,
+            "steady_rate": steady,
+            "steady_jobs": steady_jobs,
+            "worker_cpu_ms_per_job": (cpu1[0] - cpu0[0]) * 1000 / jobs if jobs else None,
+            "server_cpu_ms_per_job": (cpu1[1] - cpu0[1]) * 1000 / jobs if jobs else None,
             "workers_with_jobs": len(colds),
             "cold_start_median": statistics.median(colds) if colds else None,
             "cold_start_max": colds[-1] if colds else None,
@@ -572,6 +628,7 @@ class Bench:
             "claims": stmts.get("claims"),
             "jobs_per_claim": (stmts["claimed"] / stmts["claims"] if stmts.get("claims") else None),
             "given_back": stmts.get("given_back"),
+            "statements": stmts.get("statements"),
             "writes_per_job": (after["rows"] - before["rows"]) / jobs if jobs else None,
             "commits_per_job": (after["commits"] - before["commits"]) / jobs if jobs else None,
             "lock_samples": sampler.lock_samples,
@@ -606,7 +663,9 @@ def measure(args: argparse.Namespace, admin_url: str) -> dict[str, Any]:
                         runs.setdefault((pool, workers), []).append(run)
                         print(
                             f"[{repeat + 1}/{args.repeats}] {pool:7} {workers:3} workers: "
-                            f"{_fmt(run['rate'])} jobs/s, cold start "
+                            f"{_fmt(run['rate'])} jobs/s (all up: {_fmt(run['steady_rate'])}), "
+                            f"cpu/job {_fmt(run['worker_cpu_ms_per_job'], 3)} + "
+                            f"{_fmt(run['server_cpu_ms_per_job'], 3)} ms, cold start "
                             f"{_fmt(run['cold_start_median'], 2)}s, claim "
                             f"{_fmt(run['claim_ms'], 2)} ms x{_fmt(run['jobs_per_claim'], 1)}, "
                             f"given back {_fmt(run['given_back'])}, lock samples "
@@ -659,6 +718,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)
+    args.pgdata = str(server.pgdata)
     try:
         measured = measure(args, server.url)
     finally:
