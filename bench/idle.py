@@ -6,6 +6,12 @@ Run from the repository root, inside the project's virtualenv (``.venv``)::
     python bench/idle.py --workers 8 --duration 30
     python bench/idle.py --repo /tmp/before     # the same, with another checkout's code
     python bench/idle.py --private-server       # on a PostgreSQL of its own (see 1.)
+    python bench/idle.py --running 4            # busy instead: 4 sleeping jobs per worker
+
+With ``--running K`` the workers are not idle: each runs ``--concurrency K`` and K jobs
+(``demo.tasks.slow``, one sleep longer than the run) hold its slots for the whole
+measurement, so what is measured is the heartbeat's cost: the renewals (job-table row
+updates per running job per minute) and the registry rows, per worker and per job.
 
 What it does:
 
@@ -55,18 +61,46 @@ MARK = "leasejobs-bench idle.py"
 DEFAULT_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 
 
-def counters(admin: psycopg.Connection[Any], name: str, url: str) -> tuple[int, int]:
-    """(xact_commit of the database, updates of its worker table)."""
-    [(commits,)] = admin.execute(
-        "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", [name]
+def counters(admin: psycopg.Connection[Any], name: str, url: str) -> tuple[int, int, int, int]:
+    """(xact_commit of the database, updates of its worker table, updates of its job
+    table, the server's WAL position in bytes)."""
+    [(commits, wal)] = admin.execute(
+        "SELECT xact_commit, pg_current_wal_lsn() - '0/0'::pg_lsn FROM pg_stat_database "
+        "WHERE datname = %s",
+        [name],
     ).fetchall()
     with psycopg.connect(url, autocommit=True) as conn:
         # (One autocommit transaction of our own: the first reading's falls in the
         # measured window, and main() takes it off.)
-        row = conn.execute(
-            "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'leasejobs_worker'"
-        ).fetchone()
-    return int(commits), int(row[0]) if row else 0
+        rows = dict(
+            conn.execute(
+                "SELECT relname, n_tup_upd FROM pg_stat_user_tables "
+                "WHERE relname IN ('leasejobs_worker', 'leasejobs_job')"
+            ).fetchall()
+        )
+    return (
+        int(commits),
+        int(rows.get("leasejobs_worker", 0)),
+        int(rows.get("leasejobs_job", 0)),
+        int(wal),
+    )
+
+
+def enqueue_sleepers(manage: Path, env: dict[str, str], count: int) -> None:
+    """``count`` jobs that each sleep an hour in one step (``demo.tasks.slow``)."""
+    code = (
+        "from demo.tasks import slow\n"
+        f"for _ in range({count}): slow.enqueue(seconds=3600, steps=1)\n"
+    )
+    subprocess.run([sys.executable, str(manage), "shell", "-c", code], env=env, check=True)
+
+
+def running_jobs(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        [(count,)] = conn.execute(
+            "SELECT count(*) FROM leasejobs_job WHERE status = 'running'"
+        ).fetchall()
+    return int(count)
 
 
 def connections_of(admin: psycopg.Connection[Any], name: str) -> int:
@@ -87,6 +121,13 @@ def main() -> int:
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="checkout whose code runs")
     parser.add_argument("--options", default="{}", help="backend OPTIONS as JSON, over defaults")
     parser.add_argument("--keep", action="store_true", help="keep the database at exit")
+    parser.add_argument(
+        "--running",
+        type=int,
+        default=0,
+        metavar="K",
+        help="busy instead of idle: K sleeping jobs per worker (--concurrency K)",
+    )
     parser.add_argument(
         "--private-server", action="store_true", help="run on a PostgreSQL of its own"
     )
@@ -133,7 +174,8 @@ def measure(args: argparse.Namespace, admin_url: str | None) -> int:
                     subprocess.Popen(
                         [
                             *(sys.executable, str(manage), "runworker", "--pool", "thread"),
-                            *("--concurrency", "1", "--worker-id", f"idle-{index}"),
+                            *("--concurrency", str(max(1, args.running))),
+                            *("--worker-id", f"idle-{index}"),
                         ],
                         env=env,
                         stdout=log,
@@ -155,11 +197,19 @@ def measure(args: argparse.Namespace, admin_url: str | None) -> int:
                 raise SystemExit(
                     f"only {started} of {args.workers} workers started (logs {logdir})"
                 )
+            running = args.running * args.workers
+            if running:
+                enqueue_sleepers(manage, env, running)
+                deadline = time.monotonic() + 120
+                while running_jobs(url) < running:
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"{running} jobs did not all start (logs {logdir})")
+                    time.sleep(0.5)
             time.sleep(args.warmup)
-            commits0, updates0 = counters(admin, args.db_name, url)
+            commits0, updates0, job_updates0, wal0 = counters(admin, args.db_name, url)
             began = time.monotonic()
             time.sleep(args.duration)
-            commits1, updates1 = counters(admin, args.db_name, url)
+            commits1, updates1, job_updates1, wal1 = counters(admin, args.db_name, url)
             elapsed = time.monotonic() - began
             conns = connections_of(admin, args.db_name)
             listening = sum(
@@ -170,6 +220,7 @@ def measure(args: argparse.Namespace, admin_url: str | None) -> int:
                 raise SystemExit(f"a worker exited during the run (logs {logdir})")
             # The first reading's own query of the worker table falls in the window.
             commits = commits1 - commits0 - 1
+            job_updates = job_updates1 - job_updates0
             result = {
                 "server": "private" if args.private_server else admin_url,
                 "workers": args.workers,
@@ -178,6 +229,12 @@ def measure(args: argparse.Namespace, admin_url: str | None) -> int:
                 "commits_per_second": round(commits / elapsed, 2),
                 "commits_per_second_per_worker": round(commits / elapsed / args.workers, 3),
                 "worker_row_updates_per_minute": round((updates1 - updates0) / elapsed * 60, 1),
+                "running_jobs": running,
+                "job_row_updates_per_minute": round(job_updates / elapsed * 60, 1),
+                "job_row_updates_per_running_job_per_minute": (
+                    round(job_updates / elapsed * 60 / running, 2) if running else None
+                ),
+                "wal_bytes_per_second": round((wal1 - wal0) / elapsed),
                 "connections": conns,
                 "connections_per_worker": round(conns / args.workers, 2),
                 "options": options,
