@@ -23,8 +23,9 @@ What it does:
    jobs finished per second, enqueue-to-start p50/p99 of the jobs started in the window
    (``started_at - enqueued_at``, both the database's clock), the size of the job and
    attempt tables (``pg_total_relation_size``, heap ``pg_relation_size``,
-   ``pg_indexes_size``), ``n_live_tup`` / ``n_dead_tup`` and ``autovacuum_count`` /
-   ``autoanalyze_count`` of ``pg_stat_user_tables``, and WAL bytes
+   ``pg_indexes_size``; each index of the job table in the JSON), ``n_live_tup`` /
+   ``n_dead_tup`` and ``autovacuum_count`` / ``autoanalyze_count`` of
+   ``pg_stat_user_tables``, and WAL bytes
    (``pg_current_wal_lsn()``) per job finished in the window; it prints a row per sample;
 5. after ``--duration`` seconds stops the feeder, waits for the workers to drain the
    queue, checks that no job was lost or ran twice, prints the verdict, writes
@@ -183,6 +184,7 @@ class Sample:
     autoanalyze: int
     wal_bytes: int
     anomalies: int = 0
+    job_index_sizes: dict[str, int] = field(default_factory=dict)
     latencies_ms: list[float] = field(default_factory=list, repr=False)
 
     @property
@@ -415,6 +417,13 @@ WHERE c.relname = ANY(%s) AND c.relkind = 'r'
 """
 
 
+INDEX_SIZES_SQL = """
+SELECT i.relname, pg_relation_size(i.oid)
+FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
+WHERE x.indrelid = 'leasejobs_job'::regclass ORDER BY i.relname
+"""
+
+
 class Run:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -635,6 +644,7 @@ class Run:
             SAMPLE_SQL, {"a": edge, "b": new_edge}
         ).fetchone()
         sizes = {row[0]: row[1:] for row in conn.execute(SIZES_SQL, [list(TABLES)])}
+        indexes = dict(conn.execute(INDEX_SIZES_SQL).fetchall())
         job, att = sizes["leasejobs_job"], sizes["leasejobs_attempt"]
         values = [float(v) for v in latencies]
         sample = Sample(
@@ -655,6 +665,7 @@ class Run:
             autoanalyze=job[6],
             wal_bytes=int(wal),
             anomalies=int(anomalies),
+            job_index_sizes={name: int(size) for name, size in indexes.items()},
             latencies_ms=values,
         )
         return sample, new_lsn, new_edge
