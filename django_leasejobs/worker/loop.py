@@ -87,7 +87,19 @@ DUE_MARGIN = 0.02
 
 PREFETCH_MAX_WAIT = 1.0
 """A prefetched job that waited this long for a slot (a long job came among short
-ones) is given back for other workers, and prefetching pauses until a slot frees."""
+ones, or the worker gets too little CPU for what it claimed) is given back for other
+workers, prefetching pauses until a slot frees, and the worker's prefetch limit is
+divided by ``PREFETCH_BACKOFF``."""
+
+PREFETCH_BACKOFF = 4.0
+"""How much a give-back of stale prefetched jobs shrinks the worker's prefetch limit.
+Each prefetched job a slot then starts within ``PREFETCH_MAX_WAIT / 4`` raises it by
+``PREFETCH_REGROWTH``, up to ``--prefetch``: a worker short of CPU (many workers on few
+cores) settles on a prefetch it gets through in time, instead of claiming full batches,
+giving them back a second later and claiming them again (bench/workers.py: 32 workers
+on 2 cores gave back more jobs than the queue held)."""
+
+PREFETCH_REGROWTH = 0.125
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +185,8 @@ class Worker:
         """Claimed (prefetched) jobs waiting for a free slot, oldest first."""
         self._mean_duration: float | None = None
         self._prefetch_paused = False
+        self._prefetch_limit = float(self.prefetch)
+        """The prefetch this worker allows itself now (``PREFETCH_BACKOFF``)."""
         self._writes: list[tuple[RunningJob, Any]] = []
         """Outcomes to record, written in batches by the next database round."""
         self._round_problem = ""
@@ -553,7 +567,7 @@ class Worker:
         if mean is None or not self.prefetch or self._prefetch_paused:
             return 0
         per_slot = int(PREFETCH_WORK_SECONDS / max(mean, 1e-4))
-        return min(self.prefetch, per_slot * self.config.concurrency)
+        return min(self.prefetch, int(self._prefetch_limit), per_slot * self.config.concurrency)
 
     def _claim_limit(self) -> int:
         if self.stopping:
@@ -924,7 +938,15 @@ class Worker:
                 stopped = running.stop_reason is not None
                 if not stopped:
                     running.dispatched = True
-                    running.started = time.monotonic()
+                    now = time.monotonic()
+                    if (
+                        self._prefetch_limit < self.prefetch
+                        and now - running.started < PREFETCH_MAX_WAIT / 4
+                    ):
+                        self._prefetch_limit = min(
+                            float(self.prefetch), self._prefetch_limit + PREFETCH_REGROWTH
+                        )
+                    running.started = now
             if stopped:
                 self._job_stopped(running, "was stopped before it started")
                 continue
@@ -954,6 +976,7 @@ class Worker:
         if now - self.ready[0].started < PREFETCH_MAX_WAIT:
             return
         self._prefetch_paused = True  # until a slot frees: else we would claim them again
+        self._prefetch_limit = max(1.0, self._prefetch_limit / PREFETCH_BACKOFF)
         logger.info(
             "giving back %d prefetched jobs that waited %.1fs for a slot",
             len(self.ready),
