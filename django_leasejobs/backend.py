@@ -34,6 +34,7 @@ from .conf import E_APP_NOT_INSTALLED, E_UNKNOWN_DATABASE, Options, Problem, par
 from .exceptions import InvalidTaskArguments
 from .lease_task import LeaseTask
 from .leases import NewJob
+from .limits import key_group, task_group
 from .models import ACTIVE_STATUSES, AttemptOutcome, Job, JobAttempt, JobStatus
 from .retry import Backoff
 from .serialization import json_arguments
@@ -326,6 +327,15 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         """The columns of a new job row for one call (arguments checked: JSON only)."""
         json_args, json_kwargs = json_arguments(args, kwargs, using=self.database)
         backoff = getattr(task, "retry_backoff", None)
+        flow_group, concurrency_limit, rate_limit = None, None, None
+        if isinstance(task, LeaseTask):
+            key = task.resolve_concurrency_key(args, kwargs)
+            concurrency_limit = task.effective_concurrency_limit
+            rate_limit = task.rate_limit
+            if key is not None:
+                flow_group = key_group(key)
+            elif concurrency_limit is not None or rate_limit is not None:
+                flow_group = task_group(task.module_path)
         return NewJob(
             backend=self.alias,
             queue=task.queue_name,
@@ -342,6 +352,9 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             run_after=_storable_run_after(task.run_after),
             task_options=_task_options(task),
             trace_context=tracing.current_context(),
+            flow_group=flow_group,
+            concurrency_limit=concurrency_limit,
+            rate_limit=rate_limit,
         )
 
     def _new_job(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:

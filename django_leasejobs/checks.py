@@ -20,6 +20,7 @@ from .conf import (
     E_DATABASE_FEATURES,
     E_LISTEN_DATABASE_NOT_POSTGRESQL,
     E_UNKNOWN_DATABASE,
+    E_UNKNOWN_LIMITED_QUEUE,
     E_UNKNOWN_LISTEN_DATABASE,
     Options,
     parse_options,
@@ -156,6 +157,33 @@ def _listen_database_messages(options: Options, obj: str) -> list[checks.CheckMe
     return []
 
 
+def _limited_queue_messages(
+    params: dict[str, Any], options: Options, obj: str
+) -> list[checks.CheckMessage]:
+    """A queue in ``QUEUE_LIMITS`` or ``QUEUE_RATE_LIMITS`` that the backend does not serve
+    (its ``QUEUES``, when set): the limit would never apply."""
+    served = params.get("QUEUES")
+    if not served or not isinstance(served, list | tuple | set | frozenset):
+        return []
+    found = []
+    for option, names in (
+        ("QUEUE_LIMITS", options.flow.queue_limits),
+        ("QUEUE_RATE_LIMITS", options.flow.queue_rates),
+    ):
+        for name in sorted(set(names) - set(served)):
+            found.append(
+                _message(
+                    E_UNKNOWN_LIMITED_QUEUE,
+                    f"{option} names the queue {name!r}, which this backend does not serve "
+                    f"(QUEUES: {', '.join(sorted(map(str, served)))}).",
+                    "Add the queue to QUEUES, or remove its limit.",
+                    False,
+                    obj,
+                )
+            )
+    return found
+
+
 def _message(problem_id: str, msg: str, hint: str, warning: bool, obj: str) -> checks.CheckMessage:
     kind = checks.Warning if warning else checks.Error
     return kind(msg, hint=hint or None, obj=obj, id=problem_id)
@@ -186,6 +214,7 @@ def check_backends(
         messages.extend(_message(p.id, p.msg, p.hint, p.warning, obj) for p in problems)
         messages.extend(_schedule_messages(alias, params, options.schedules, options.imports))
         messages.extend(_listen_database_messages(options, obj))
+        messages.extend(_limited_queue_messages(params, options, obj))
         if options.database not in settings.DATABASES:
             messages.append(
                 _message(

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .limits import FlowRules, Rate, limit_problem, parse_rate, rate_problem
 from .retry import Backoff, backoff_problems
 from .schedules.spec import ScheduleSpec, parse_schedules
 
@@ -32,6 +33,9 @@ E_DURATION_TOO_LONG = "leasejobs.E007"
 E_APP_NOT_INSTALLED = "leasejobs.E008"
 E_UNKNOWN_LISTEN_DATABASE = "leasejobs.E018"
 E_LISTEN_DATABASE_NOT_POSTGRESQL = "leasejobs.E019"
+E_BAD_QUEUE_LIMIT = "leasejobs.E020"
+E_UNKNOWN_LIMITED_QUEUE = "leasejobs.E021"
+E_BAD_RATE_LIMIT = "leasejobs.E022"
 W_HEARTBEAT_TOO_SLOW = "leasejobs.W001"
 W_LEASE_TOO_SHORT = "leasejobs.W002"
 W_POLL_TOO_FAST = "leasejobs.W003"
@@ -81,6 +85,8 @@ class Options:
     """Alias the worker LISTENs on (None: ``database``, unless that is pooled)."""
     imports: tuple[str, ...] = ()
     schedules: tuple[ScheduleSpec, ...] = ()
+    flow: FlowRules = field(default_factory=FlowRules)
+    """``QUEUE_LIMITS`` and ``QUEUE_RATE_LIMITS``: what every claim of a queue obeys."""
 
     @property
     def local_lease_deadline(self) -> float:
@@ -109,8 +115,12 @@ KNOWN_OPTIONS = frozenset(
         "LISTEN_DATABASE",
         "IMPORTS",
         "SCHEDULES",
+        "QUEUE_LIMITS",
+        "QUEUE_RATE_LIMITS",
     }
 )
+MAX_QUEUE_NAME = 128
+"""``Job.queue``'s length: a longer name can hold no job."""
 
 # What a duration above MAX_SECONDS breaks, per option.
 _TOO_LONG_BREAKS = {
@@ -181,6 +191,54 @@ def _timing_warnings(options: Options) -> list[Problem]:
             )
         )
     return found
+
+
+def _queue_name_problem(option: str, name: Any) -> str:
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_QUEUE_NAME:
+        return (
+            f"{option} keys must be queue names (non-empty strings of at most "
+            f"{MAX_QUEUE_NAME} characters), got {name!r}"
+        )
+    return ""
+
+
+def _flow_rules(raw: Mapping[str, Any]) -> tuple[list[Problem], FlowRules]:
+    """``QUEUE_LIMITS`` and ``QUEUE_RATE_LIMITS`` read; a bad entry is left out and reported."""
+    problems: list[Problem] = []
+    limits: dict[str, int] = {}
+    rates: dict[str, Rate] = {}
+    for option, kind in (
+        ("QUEUE_LIMITS", E_BAD_QUEUE_LIMIT),
+        ("QUEUE_RATE_LIMITS", E_BAD_RATE_LIMIT),
+    ):
+        given = raw.get(option, {})
+        if not isinstance(given, Mapping):
+            problems.append(
+                Problem(
+                    kind,
+                    f"{option} must be a dict of queue name -> "
+                    f"{'most running jobs' if option == 'QUEUE_LIMITS' else 'rate'}, "
+                    f"got {given!r}.",
+                )
+            )
+            continue
+        for name, value in given.items():
+            message = _queue_name_problem(option, name)
+            if not message:
+                found = limit_problem(value) if option == "QUEUE_LIMITS" else rate_problem(value)
+                message = f"{option}[{name!r}] {found}" if found else ""
+            if message:
+                hint = (
+                    "A limit is the most jobs of the queue that run at once, across every worker."
+                    if option == "QUEUE_LIMITS"
+                    else 'A rate is "N/s", "N/m" or "N/h": at most N job starts in any such period.'
+                )
+                problems.append(Problem(kind, message + ".", hint=hint))
+            elif option == "QUEUE_LIMITS":
+                limits[name] = value
+            else:
+                rates[name] = parse_rate(value)
+    return problems, FlowRules(queue_limits=limits, queue_rates=rates)
 
 
 def parse_options(
@@ -276,6 +334,11 @@ def parse_options(
             default_timezone = getattr(settings, "TIME_ZONE", None) or "UTC"
         values["schedules"], schedule_problems = parse_schedules(raw["SCHEDULES"], default_timezone)
         problems.extend(Problem(p.id, p.msg, p.hint) for p in schedule_problems)
+
+    flow_problems, flow = _flow_rules(raw)
+    problems.extend(flow_problems)
+    if flow != FlowRules():
+        values["flow"] = flow
 
     behavior_sources = []
     if "LOCK_LOST_BEHAVIOR" in raw:

@@ -8,12 +8,13 @@ is the same decorator on both.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from .compat import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, InvalidTask, Task
+from .limits import MAX_KEY_LENGTH, limit_problem, parse_rate, rate_problem
 from .retry import DEFAULT_MAX_SNOOZES, Backoff, BackoffCallable, backoff_problems
 from .serialization import string_problem
 
@@ -47,6 +48,18 @@ class LeaseTask(Task):  # type: ignore[misc]
 
     key: str | None = None
     """Dedup key: enqueueing while a pending or running job has it returns that job."""
+
+    concurrency_limit: int | None = None
+    """Most running jobs of this task at once, across every worker; with a
+    ``concurrency_key``, most running jobs that share the key (default 1 then)."""
+
+    concurrency_key: str | Callable[..., str] | None = None
+    """The key whose jobs share ``concurrency_limit``: a string, or a callable called with
+    the job's arguments at enqueue (``lambda customer_id, **kw: f"customer-{customer_id}"``)."""
+
+    rate_limit: str | None = None
+    """Most starts of this task's jobs in any window of one period, across every worker:
+    ``"N/s"``, ``"N/m"`` or ``"N/h"`` (attempts and retries count)."""
 
     def __post_init__(self) -> None:
         if self.retry_backoff is not None and not (
@@ -85,10 +98,54 @@ class LeaseTask(Task):  # type: ignore[misc]
             problem = string_problem(self.key)
             if problem:
                 raise InvalidTask(f"key {self.key!r} {problem}.")
+        self._check_flow_options()
         if not isinstance(self.backend, str):
             raise InvalidTask(f"backend must be a TASKS alias (a string), got {self.backend!r}")
         # Explicit base call: zero-argument super() breaks in slotted dataclasses.
         Task.__post_init__(self)
+
+    def _check_flow_options(self) -> None:
+        if self.concurrency_limit is not None:
+            problem = limit_problem(self.concurrency_limit)
+            if problem:
+                raise InvalidTask(f"concurrency_limit {problem}")
+        key = self.concurrency_key
+        if key is not None and not callable(key):
+            problem = concurrency_key_problem(key)
+            if problem:
+                raise InvalidTask(f"concurrency_key {problem}")
+        if self.rate_limit is not None:
+            problem = rate_problem(self.rate_limit)
+            if problem:
+                raise InvalidTask(f"rate_limit {problem}")
+            object.__setattr__(self, "rate_limit", parse_rate(self.rate_limit).text)
+
+    @property
+    def effective_concurrency_limit(self) -> int | None:
+        """The cap of this task's flow group: ``concurrency_limit``, 1 with a key alone."""
+        if self.concurrency_limit is None and self.concurrency_key is not None:
+            return 1
+        return self.concurrency_limit
+
+    def resolve_concurrency_key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        """The concurrency key of one call (the callable called with its arguments).
+
+        Raises InvalidTask when the callable fails or gives something that is not a key.
+        """
+        key = self.concurrency_key
+        if key is None or not callable(key):
+            return key
+        try:
+            found = key(*args, **kwargs)
+        except Exception as exc:
+            raise InvalidTask(
+                f"concurrency_key of {self.module_path} failed for these arguments: "
+                f"{type(exc).__name__}: {_safe_str(exc)}"
+            ) from exc
+        problem = concurrency_key_problem(found)
+        if problem:
+            raise InvalidTask(f"concurrency_key of {self.module_path} {problem}")
+        return str(found)
 
     @property
     def snooze_limit(self) -> int:
@@ -107,6 +164,9 @@ class LeaseTask(Task):  # type: ignore[misc]
         timeout: float | None = _UNSET,
         retry_backoff: Backoff | Mapping[str, float] | None = _UNSET,
         key: str | None = _UNSET,
+        concurrency_key: str | Callable[..., str] | None = _UNSET,
+        concurrency_limit: int | None = _UNSET,
+        rate_limit: str | None = _UNSET,
     ) -> LeaseTask:
         """A copy with changed defaults; also takes this backend's per-task options."""
         base: LeaseTask = Task.using(  # type: ignore[assignment]
@@ -120,10 +180,38 @@ class LeaseTask(Task):  # type: ignore[misc]
                 ("timeout", timeout),
                 ("retry_backoff", retry_backoff),
                 ("key", key),
+                ("concurrency_key", concurrency_key),
+                ("concurrency_limit", concurrency_limit),
+                ("rate_limit", rate_limit),
             )
             if value is not _UNSET
         }
         return replace(base, **changes) if changes else base  # type: ignore[arg-type]
+
+
+def concurrency_key_problem(key: Any) -> str:
+    """Why ``key`` cannot be a concurrency key ('' when it can)."""
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LENGTH:
+        return (
+            f"must be a non-empty string of at most {MAX_KEY_LENGTH} characters "
+            f"(or a callable that returns one), got {_safe_repr(key)}"
+        )
+    problem = string_problem(key)
+    return f"{key!r} {problem}" if problem else ""
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)[:200]
+    except Exception:
+        return f"a {type(value).__name__} that cannot be shown"
+
+
+def _safe_str(value: Any) -> str:
+    try:
+        return str(value)[:200]
+    except Exception:
+        return f"(a {type(value).__name__} that cannot be shown)"
 
 
 def _exception_classes(name: str, value: Any) -> Any:
@@ -155,6 +243,9 @@ def task(
     retry_on: tuple[type[BaseException], ...] | None = None,
     dont_retry_on: tuple[type[BaseException], ...] = (),
     max_snoozes: int | None = None,
+    concurrency_limit: int | None = None,
+    concurrency_key: str | Callable[..., str] | None = None,
+    rate_limit: str | None = None,
 ) -> Any:
     """Declare a task with this backend's options, on Django 5.2 and 6.x alike.
 
@@ -176,6 +267,9 @@ def task(
             retry_on=retry_on,
             dont_retry_on=dont_retry_on,
             max_snoozes=max_snoozes,
+            concurrency_limit=concurrency_limit,
+            concurrency_key=concurrency_key,
+            rate_limit=rate_limit,
         )
 
     if function is not None:

@@ -7,6 +7,7 @@ from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from .functions import DatabaseNow
+from .limits import KEY_GROUP
 
 MIN_PRIORITY = -100
 MAX_PRIORITY = 100
@@ -107,6 +108,23 @@ class Job(models.Model):
         help_text="Options the enqueued task had set (run_after, max_attempts, max_stalls), "
         "so get_result() returns the same task; null = none.",
     )
+    flow_group = models.CharField(  # noqa: DJ001 - NULL means "no flow limit", unlike ""
+        max_length=520,
+        null=True,
+        blank=True,
+        help_text='The group whose limits this job obeys: "key:" + its concurrency key, or '
+        '"task:" + its task path (a task-wide concurrency or rate limit); null = none.',
+    )
+    # Not PositiveIntegerField: its CHECK would make adding the column scan the table.
+    concurrency_limit = models.IntegerField(
+        null=True, blank=True, help_text="Most running jobs of its flow group; null = no cap."
+    )
+    rate_limit = models.CharField(  # noqa: DJ001 - NULL means "no rate limit", unlike ""
+        max_length=16,
+        null=True,
+        blank=True,
+        help_text='Most starts of its task per period ("50/m"); null = none.',
+    )
     trace_context = models.JSONField(
         null=True,
         blank=True,
@@ -138,7 +156,8 @@ class Job(models.Model):
             ("purge_job", "Can delete finished jobs"),
         ]
         indexes = [
-            # Matches the claim's WHERE and ORDER BY, and stays small: only pending rows.
+            # Matches the claim's WHERE and ORDER BY, and stays small: only pending rows
+            # outside flow groups (a backlog held back by a full limit is never walked).
             models.Index(
                 "backend",
                 "queue",
@@ -146,7 +165,18 @@ class Job(models.Model):
                 "run_after",
                 "id",
                 name="leasejobs_job_claim_idx",
-                condition=Q(status="pending"),
+                condition=Q(status="pending", flow_group__isnull=True),
+            ),
+            # The flow lane: pending jobs of flow groups, each group's in claim order.
+            models.Index(
+                "backend",
+                "queue",
+                "flow_group",
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="leasejobs_job_flow_idx",
+                condition=Q(status="pending", flow_group__isnull=False),
             ),
             # The reaper and renewals scan running rows only. Neither locked_until nor
             # heartbeat_at is indexed anywhere, so heartbeat UPDATEs stay HOT.
@@ -184,6 +214,12 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.task_path} ({self.status})"
+
+    @property
+    def concurrency_key(self) -> str | None:
+        """The concurrency key this job was enqueued with (None: none)."""
+        group = self.flow_group or ""
+        return group[len(KEY_GROUP) :] if group.startswith(KEY_GROUP) else None
 
     @property
     def is_finished(self) -> bool:
@@ -347,3 +383,68 @@ class ScheduleRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.schedule_id} @ {self.tick or 'now'}"
+
+
+class Queue(models.Model):
+    """The operators' state of one queue of a backend: paused or not.
+
+    Every claim reads it (``leases/flow.py``), so a pause holds on every worker at its
+    next claim, without a restart. A queue without a row is not paused.
+    """
+
+    backend = models.CharField(max_length=64, default="default")
+    name = models.CharField(max_length=128)
+    paused = models.BooleanField(default=False)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    changed_at = models.DateTimeField(db_default=DatabaseNow())
+
+    class Meta:
+        db_table = "leasejobs_queue"
+        verbose_name = _("queue")
+        verbose_name_plural = _("queues")
+        ordering = ["backend", "name"]
+        default_permissions = ("view",)
+        permissions = [("pause_queue", "Can pause and resume queues")]
+        constraints = [
+            models.UniqueConstraint(fields=["backend", "name"], name="leasejobs_queue_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class FlowLock(models.Model):
+    """One row per backend: a claim of flow-limited jobs locks it first, so that such
+    claims on every worker take turns and each counts what the previous one started."""
+
+    backend = models.CharField(max_length=64, primary_key=True)
+    claims = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "leasejobs_flow_lock"
+        verbose_name = _("flow lock")
+        verbose_name_plural = _("flow locks")
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return self.backend
+
+
+class RateStart(models.Model):
+    """One job start under a rate limit (a task's or a queue's), kept for one period."""
+
+    backend = models.CharField(max_length=64, default="default")
+    scope = models.CharField(max_length=530, help_text='"task:" + path or "queue:" + name.')
+    started_at = models.DateTimeField(db_default=DatabaseNow())
+
+    class Meta:
+        db_table = "leasejobs_rate_start"
+        verbose_name = _("rate-limited start")
+        verbose_name_plural = _("rate-limited starts")
+        default_permissions = ()
+        indexes = [
+            models.Index(fields=["backend", "scope", "started_at"], name="leasejobs_rate_start_idx")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope} @ {self.started_at}"

@@ -19,7 +19,9 @@ ORM expression the models' defaults need, in ``functions.py``), split by concern
   the portable ones (MySQL 8, MariaDB 10.6+);
 * ``fenced``: the lease holder's fenced writes to many rows, on both paths;
 * ``claim``, ``renew``, ``finish``, ``reap``, ``operator``, ``enqueue``: the
-  statements, built from the above.
+  statements, built from the above;
+* ``flow``: the claim of jobs under flow control (paused queues, concurrency and rate
+  limits) and the next-due lookup that skips paused queues.
 
 It knows nothing of processes, threads or signals.
 """
@@ -39,6 +41,7 @@ from .enqueue import (
     notify,
 )
 from .finish import complete, complete_many, fail, fail_many, mark_cancelled, release
+from .flow import paused_queues, seconds_to_next_due
 from .operator import backend_database, cancel, retry
 from .reap import find_stale, reap
 from .renew import renew, save_checkpoint, set_progress
@@ -101,6 +104,7 @@ __all__ = [
     "insert_job",
     "mark_cancelled",
     "notify",
+    "paused_queues",
     "portable_path",
     "reap",
     "release",
@@ -108,6 +112,7 @@ __all__ = [
     "retry",
     "retry_deadlocks",
     "save_checkpoint",
+    "seconds_to_next_due",
     "set_progress",
     "storable_text",
     "unclaim",

@@ -11,9 +11,11 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.utils.dateparse import parse_datetime
 
+from ..limits import FlowRules
 from ..retry import backoff_problems
-from .dialect import dialect, placeholders, retry_deadlocks
-from .fenced import lock_update_read
+from .dialect import Dialect, dialect, placeholders, retry_deadlocks
+from .fenced import lock_update_read, read_back
+from .flow import flow_claim, flow_lane_due, paused_condition
 from .rules import cancel_wins
 from .values import ClaimedJob
 
@@ -38,6 +40,10 @@ CLAIM_COLUMNS = (
     "trace_context",
 )
 _PRIORITY = CLAIM_COLUMNS.index("priority")
+RETURNING = (*CLAIM_COLUMNS, "run_after")
+"""What a claim reads back: ``run_after`` last, to put the rows back in claim order
+(RETURNING gives no order)."""
+NO_RULES = FlowRules()
 CLAIM_ORDER = "priority DESC, run_after, id"
 """The claim order: priority (high first), then ``run_after``, then id."""
 
@@ -50,22 +56,80 @@ def claim(
     backend: str = "default",
     queues: Sequence[str] | None = None,
     using: str = "default",
+    flow: FlowRules = NO_RULES,
 ) -> list[ClaimedJob]:
-    """Claim up to ``limit`` ready jobs for ``worker_id``: pending, ``run_after`` passed.
+    """Claim up to ``limit`` ready jobs for ``worker_id``: pending, ``run_after`` passed,
+    in a queue that is not paused, within every flow limit (``flow``: the backend's
+    queue-wide limits; the jobs' own concurrency and rate limits are on their rows).
 
     Order (of the claim and of the returned list): priority (high first), then
     ``run_after``, then id. Each claimed row becomes ``running`` with ``attempt + 1``
     and a lease of ``lease_duration`` seconds, in the same statement: a running row
     without a lease cannot exist.
+
+    Jobs that obey no limit are claimed in one statement. When the worker's queues
+    have a queue-wide limit, or a job of a flow group is due in them, the claim is the
+    flow claim of ``flow.py`` instead (one transaction under the backend's flow lock).
     """
     if limit <= 0 or (queues is not None and not queues):
         return []
     d = dialect(using)
-    ready = f"j.status = 'pending' AND j.backend = %s AND j.run_after <= {d.now}"
+    limited = flow.limited_queues
+    if limited and (queues is None or limited.intersection(queues)):
+        rows = flow_claim(
+            worker_id,
+            limit=limit,
+            lease_duration=lease_duration,
+            backend=backend,
+            queues=queues,
+            rules=flow,
+            using=using,
+        )
+    else:
+        rows = _claim_main_lane(worker_id, d, limit, lease_duration, backend, queues)
+        if not rows and _flow_lane_due(d, backend, queues):
+            rows = flow_claim(
+                worker_id,
+                limit=limit,
+                lease_duration=lease_duration,
+                backend=backend,
+                queues=queues,
+                rules=flow,
+                using=using,
+            )
+    rows.sort(key=lambda row: (-row[_PRIORITY], row[-1], row[0]))
+    return [claimed_job(row[:-1]) for row in rows]
+
+
+def _claim_main_lane(
+    worker_id: str,
+    d: Dialect,
+    limit: int,
+    lease_duration: float,
+    backend: str,
+    queues: Sequence[str] | None,
+) -> list[tuple[Any, ...]]:
+    """The claim of jobs that obey no limit, in one statement (the batched path) or one
+    transaction (the portable path). It takes nothing while a job of a flow group is
+    due in the same queues: the flow claim then takes both lanes, in claim order."""
+    ready = (
+        "j.status = 'pending' AND j.flow_group IS NULL AND j.backend = %s "
+        f"AND j.run_after <= {d.now}"
+    )
     ready_params: list[Any] = [backend]
-    if queues is not None:
-        ready += f" AND j.queue IN ({placeholders(len(queues))})"
-        ready_params.extend(queues)
+    if queues is not None and len(queues) == 1:
+        # One queue: the pause is looked up once for the statement, not per row.
+        ready += f" AND j.queue = %s AND {paused_condition(d, '%s')}"
+        ready_params += [queues[0], backend, queues[0]]
+    else:
+        if queues is not None:
+            ready += f" AND j.queue IN ({placeholders(len(queues))})"
+            ready_params.extend(queues)
+        ready += f" AND {paused_condition(d, 'j.queue')}"
+        ready_params.append(backend)
+    flow_due, flow_params = flow_lane_due(d, backend, queues)
+    ready += f" AND NOT {flow_due}"
+    ready_params += flow_params
     pick = (
         f"SELECT j.id FROM {d.jobs} AS j WHERE {ready} "  # noqa: S608 - identifiers quoted, values bound
         f"ORDER BY {CLAIM_ORDER} LIMIT %s{d.skip_locked}"
@@ -76,44 +140,84 @@ def claim(
         # gives no order, so PostgreSQL would read and sort every pending row of them at
         # each claim (bench/workers.py: 6 ms per claim with a 20,000-job backlog, more
         # the more workers claim at once). Instead, the first ``limit`` due rows of each
-        # queue in index order (locked, skipping locked ones), then the best ``limit``
-        # of those: the same order, a few index pages per queue. (Rows locked in one
-        # queue but not picked are free again when the claim's statement commits.)
+        # (unpaused) queue in index order (locked, skipping locked ones), then the best
+        # ``limit`` of those: the same order, a few index pages per queue. (Rows locked in
+        # one queue but not picked are free again when the claim's statement commits.)
         one_queue = (
             f"SELECT j.id, j.priority, j.run_after FROM {d.jobs} AS j "  # noqa: S608 - identifiers quoted, values bound
-            f"WHERE j.status = 'pending' AND j.backend = %s AND j.run_after <= {d.now} "
-            f"AND j.queue = q.name ORDER BY {CLAIM_ORDER} LIMIT %s{d.skip_locked}"
+            "WHERE j.status = 'pending' AND j.flow_group IS NULL AND j.backend = %s "
+            f"AND j.run_after <= {d.now} AND j.queue = q.name "
+            f"ORDER BY {CLAIM_ORDER} LIMIT %s{d.skip_locked}"
         )
         pick = (
             f"SELECT p.id FROM unnest(%s::text[]) AS q(name) CROSS JOIN LATERAL ({one_queue}) "  # noqa: S608 - identifiers quoted, values bound
-            "AS p ORDER BY p.priority DESC, p.run_after, p.id LIMIT %s"
+            f"AS p WHERE {paused_condition(d, 'q.name')} AND NOT {flow_due} "
+            "ORDER BY p.priority DESC, p.run_after, p.id LIMIT %s"
         )
-        pick_params = [list(queues), backend, limit, limit]
-    set_list = (
-        "status = 'running', attempt = j.attempt + 1, locked_by = %s, "
-        f"locked_until = {d.now_plus}, heartbeat_at = {d.now}, last_worker = %s, "
-        f"started_at = COALESCE(j.started_at, {d.now}), last_attempted_at = {d.now}, "
-        "progress = NULL, progress_message = '', cancel_requested = FALSE"
-    )
-    set_params = [worker_id, d.offset(lease_duration), worker_id]
-    # run_after last, to put the rows back in claim order (RETURNING gives no order).
-    returning = (*CLAIM_COLUMNS, "run_after")
+        pick_params = [list(queues), backend, limit, backend, *flow_params, limit]
+    set_list, set_params = _claim_set(d, worker_id, lease_duration)
     if d.batched:
-        columns = ", ".join(d.q(c) for c in returning)
-        with connections[using].cursor() as cursor:
+        columns = ", ".join(d.q(c) for c in RETURNING)
+        with connections[d.using].cursor() as cursor:
             cursor.execute(
                 f"WITH picked AS ({pick}) UPDATE {d.jobs} AS j SET {set_list} "  # noqa: S608 - identifiers quoted, values bound
                 "WHERE j.id IN (SELECT id FROM picked) AND j.status = 'pending' "
                 f"RETURNING {columns}",
                 [*pick_params, *set_params],
             )
-            rows = cursor.fetchall()
-    else:
-        lock = (pick, pick_params)
-        update = (set_list, "j.status = 'pending'", set_params)
-        rows = retry_deadlocks(d.using, lambda: lock_update_read(d, lock, update, returning))
-    rows.sort(key=lambda row: (-row[_PRIORITY], row[-1], row[0]))
-    return [claimed_job(row[:-1]) for row in rows]
+            return [tuple(row) for row in cursor.fetchall()]
+    lock = (pick, pick_params)
+    update = (set_list, "j.status = 'pending'", set_params)
+    return retry_deadlocks(d.using, lambda: lock_update_read(d, lock, update, RETURNING))
+
+
+def _flow_lane_due(d: Dialect, backend: str, queues: Sequence[str] | None) -> bool:
+    """Whether a job of a flow group is due in ``queues`` (after an empty main-lane claim)."""
+    sql, params = flow_lane_due(d, backend, queues)
+    with connections[d.using].cursor() as cursor:
+        cursor.execute(f"SELECT CASE WHEN {sql} THEN 1 ELSE 0 END", params)
+        (due,) = cursor.fetchone()
+    return bool(due)
+
+
+def _claim_set(d: Dialect, worker_id: str, lease_duration: float) -> tuple[str, list[Any]]:
+    """The SET list of a claim (and its parameters): running, attempt + 1, the lease."""
+    set_list = (
+        "status = 'running', attempt = j.attempt + 1, locked_by = %s, "
+        f"locked_until = {d.now_plus}, heartbeat_at = {d.now}, last_worker = %s, "
+        f"started_at = COALESCE(j.started_at, {d.now}), last_attempted_at = {d.now}, "
+        "progress = NULL, progress_message = '', cancel_requested = FALSE"
+    )
+    return set_list, [worker_id, d.offset(lease_duration), worker_id]
+
+
+def claim_rows(
+    cursor: Any, d: Dialect, worker_id: str, ids: Sequence[int], lease_duration: float
+) -> list[tuple[Any, ...]]:
+    """Claim the rows ``ids`` that are still pending, inside the caller's transaction
+    (the flow claim, which chose them under its lock); return them as ``RETURNING``."""
+    set_list, set_params = _claim_set(d, worker_id, lease_duration)
+    where = f"j.status = 'pending' AND j.id IN ({placeholders(len(ids))})"
+    if d.batched:
+        columns = ", ".join(d.q(c) for c in RETURNING)
+        cursor.execute(
+            f"UPDATE {d.jobs} AS j SET {set_list} WHERE {where} RETURNING {columns}",  # noqa: S608 - identifiers quoted, values bound
+            [*set_params, *ids],
+        )
+        return [tuple(row) for row in cursor.fetchall()]
+    cursor.execute(
+        f"SELECT j.id FROM {d.jobs} AS j WHERE {where} ORDER BY j.id{d.skip_locked}",  # noqa: S608 - identifiers quoted, values bound
+        list(ids),
+    )
+    locked = [int(job_id) for (job_id,) in cursor.fetchall()]
+    if not locked:
+        return []
+    cursor.execute(
+        f"UPDATE {d.jobs} AS j SET {set_list} "  # noqa: S608 - identifiers quoted, values bound
+        f"WHERE j.status = 'pending' AND j.id IN ({placeholders(len(locked))})",
+        [*set_params, *locked],
+    )
+    return read_back(d, cursor, locked, RETURNING)
 
 
 def unclaim(

@@ -187,6 +187,11 @@ class NewJob:
     same Task; None when it set none of them."""
     trace_context: dict[str, str] | None = None
     """The enqueuer's W3C trace context (``tracing.current_context``), or None."""
+    flow_group: str | None = None
+    """``"key:" + concurrency key`` or ``"task:" + task path`` when the job obeys a
+    concurrency or rate limit of its own (``limits``); None otherwise."""
+    concurrency_limit: int | None = None
+    rate_limit: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

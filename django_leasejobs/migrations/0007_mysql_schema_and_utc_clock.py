@@ -53,6 +53,8 @@ Reversing restores what Django makes of ``Job.Meta`` on MySQL/MariaDB.
 import django_leasejobs.functions
 from django.db import migrations, models
 
+from ._mysql_collation import key_collation
+
 ACTIVE_KEY = "active_key"
 UNIQUE = "leasejobs_job_active_key_unique"
 STAND_INS = {
@@ -60,7 +62,6 @@ STAND_INS = {
     "leasejobs_job_running_idx": "status, locked_by",
     "leasejobs_job_dead_idx": "status, queue",
 }
-KEY_COLLATIONS = ("utf8mb4_0900_bin", "utf8mb4_nopad_bin", "utf8mb4_bin")
 
 
 def _indexes(cursor, table):
@@ -72,16 +73,6 @@ def _indexes(cursor, table):
     return {name for (name,) in cursor.fetchall()}
 
 
-def _key_collation(cursor):
-    cursor.execute(
-        "SELECT COLLATION_NAME FROM information_schema.COLLATIONS WHERE COLLATION_NAME IN "
-        f"({', '.join(['%s'] * len(KEY_COLLATIONS))})",
-        list(KEY_COLLATIONS),
-    )
-    found = {name for (name,) in cursor.fetchall()}
-    return next(name for name in KEY_COLLATIONS if name in found)
-
-
 def mysql_forwards(apps, schema_editor):
     connection = schema_editor.connection
     if connection.vendor != "mysql":
@@ -91,7 +82,7 @@ def mysql_forwards(apps, schema_editor):
     table = job._meta.db_table
     key_type = job._meta.get_field("key").db_type(connection)
     with connection.cursor() as cursor:
-        collation = _key_collation(cursor)
+        collation = key_collation(cursor)
         cursor.execute(
             f"SELECT CONVERT({q('key')} USING utf8mb4) COLLATE {collation} AS k, COUNT(*), "
             f"MIN(id) FROM {q(table)} WHERE status IN ('pending', 'running') "

@@ -135,6 +135,7 @@ def run_jobs(
             backend=lease_backend.alias,
             queues=wanted,
             using=using,
+            flow=lease_backend.config.flow,
         )
         if not claimed:
             break

@@ -44,7 +44,6 @@ from ..compat import Task, TaskResult, task_backends, task_finished, task_starte
 from ..exceptions import TaskFailed, task_failure
 from ..functions import DatabaseNow
 from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress, storable_text
-from ..leases.dialect import dialect, placeholders
 from ..leases.rules import TIMEOUT_ERROR_CLASS
 from ..logs import log_failure
 from ..models import AttemptOutcome, JobAttempt, JobStatus, WorkerState
@@ -605,6 +604,7 @@ class Worker:
             backend=self.backend.alias,
             queues=self.queues,
             lease_duration=self.options.lease_duration,
+            flow=self.options.flow,
         )
         future = self._db.submit(self._run_round, plan, ctx)
         future.add_done_callback(lambda _: self.wake())  # runs once done() is true
@@ -663,25 +663,9 @@ class Worker:
             leases.notify(NOTIFY_CHANNEL, sorted(queues), using=self.database)
 
     def seconds_to_next_due(self) -> float | None:
-        """Seconds until the earliest pending ``run_after`` of this worker's queues, by the
-        database's clock (negative: due already); None when nothing is pending. One
-        query over the pending jobs' partial index (PostgreSQL: only a listening worker
-        asks)."""
-        if connections[self.database].vendor != "postgresql":
-            return 0.0
-        if self.queues is not None and not self.queues:
-            return None
-        d = dialect(self.database)
-        earliest = "EXTRACT(EPOCH FROM MIN(j.run_after) - statement_timestamp())"
-        sql = f"SELECT {earliest} FROM {d.jobs} AS j WHERE j.status = 'pending' AND j.backend = %s"  # noqa: S608 - identifiers quoted, values bound
-        params: list[Any] = [self.backend.alias]
-        if self.queues is not None:
-            sql += f" AND j.queue IN ({placeholders(len(self.queues))})"
-            params.extend(self.queues)
-        with connections[self.database].cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
-        return None if row is None or row[0] is None else float(row[0])
+        """Seconds until the next pending job of this worker's queues comes due
+        (``leases.seconds_to_next_due``; PostgreSQL: only a listening worker asks)."""
+        return leases.seconds_to_next_due(self.backend.alias, self.queues, using=self.database)
 
     def _idle_wait(self) -> float:
         """How long an idle worker waits before it looks for work again (unless woken).

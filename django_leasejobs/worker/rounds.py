@@ -29,6 +29,7 @@ from django.db import InterfaceError, OperationalError, connections
 from .. import leases
 from ..exceptions import LeaseLost, RowLocked
 from ..leases import ClaimedJob, Completion, ErrorInfo, Failure, WriteResult, storable_text
+from ..limits import FlowRules
 from ..models import AttemptOutcome, JobAttempt, JobStatus
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ class RoundContext:
     backend: str
     queues: Sequence[str] | None
     lease_duration: float
+    flow: FlowRules = field(default_factory=FlowRules)
 
 
 MYSQL_CLIENT_ERRORS = range(2000, 3000)
@@ -247,6 +249,7 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
             lease_duration=ctx.lease_duration,
             backend=ctx.backend,
             queues=ctx.queues,
+            flow=ctx.flow,
             using=using,
         )
 
