@@ -16,6 +16,7 @@ enqueueing and schedules go on; the jobs wait in ``pending``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -158,7 +159,7 @@ def overview(backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> list[QueueView]:
     views = []
     for name in sorted(names):
         state = states.get(name)
-        count = counts.get(name, {})
+        count: Mapping[str, Any] = counts.get(name, {})
         rate = rules.queue_rates.get(name)
         views.append(
             QueueView(

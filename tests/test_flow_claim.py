@@ -303,3 +303,52 @@ def test_rows_with_unreadable_flow_values_still_run() -> None:
     claimed = ids(claim())
     assert bad_rate.pk in claimed and zero.pk in claimed  # a limit below 1 counts as 1
     assert len(claimed) == 2
+
+
+# --------------------------------------------------------------------------- held back
+
+
+def test_a_claim_round_says_when_limits_held_due_jobs_back() -> None:
+    keyed("k")
+    keyed("k")
+    first = leases.claim_round("w1", limit=5, lease_duration=LEASE)
+    assert len(first.jobs) == 1
+    assert first.flow_held is True
+    again = leases.claim_round("w1", limit=5, lease_duration=LEASE)
+    assert (again.jobs, again.flow_held) == ([], True)
+    make_job()
+    free = leases.claim_round("w1", limit=5, lease_duration=LEASE)
+    assert len(free.jobs) == 1
+    assert free.flow_held is True  # the key is still full
+
+
+def test_a_claim_round_without_limits_in_the_way_is_not_held() -> None:
+    keyed("k")
+    make_jobs(2)
+    taken = leases.claim_round("w1", limit=5, lease_duration=LEASE)
+    assert (len(taken.jobs), taken.flow_held) == (3, False)
+
+
+def test_a_full_queue_limit_holds_even_without_candidates_read() -> None:
+    make_jobs(2, queue="imports")
+    rules = FlowRules(queue_limits={"imports": 1})
+    assert len(claim(flow=rules)) == 1
+    held = leases.claim_round("w1", limit=5, lease_duration=LEASE, flow=rules)
+    assert (held.jobs, held.flow_held) == ([], True)
+
+
+def test_the_main_lane_alone_skips_flow_jobs_and_limited_queues() -> None:
+    flow_job = keyed("k", priority=10)
+    make_job(queue="imports", priority=10)
+    plain = make_job(priority=0)
+    rules = FlowRules(queue_limits={"imports": 5})
+    for queues in (None, ["default", "imports"]):
+        taken = leases.claim_round(
+            "w1", limit=5, lease_duration=LEASE, flow=rules, queues=queues, flow_lane=False
+        )
+        assert ids(taken.jobs) == ([plain.pk] if queues is None else [])
+        assert taken.flow_held is False
+    assert Job.objects.get(pk=flow_job.pk).status == JobStatus.PENDING
+    assert leases.claim_round(
+        "w1", limit=5, lease_duration=LEASE, flow=rules, queues=["imports"], flow_lane=False
+    ) == leases.ClaimRound([])

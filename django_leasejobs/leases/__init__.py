@@ -29,7 +29,7 @@ It knows nothing of processes, threads or signals.
 from __future__ import annotations
 
 from ..exceptions import LeaseLost, RowLocked
-from .claim import claim, unclaim
+from .claim import claim, claim_round, unclaim
 from .dialect import portable_path, retry_deadlocks
 from .enqueue import (
     NOTIFY_CHANNEL,
@@ -57,6 +57,7 @@ from .rules import (
 from .values import (
     CancelResult,
     ClaimedJob,
+    ClaimRound,
     Completion,
     ErrorInfo,
     Failure,
@@ -76,6 +77,7 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "AttemptDecision",
     "CancelResult",
+    "ClaimRound",
     "ClaimedJob",
     "Completion",
     "ErrorInfo",
@@ -93,6 +95,7 @@ __all__ = [
     "can_insert_notify",
     "cancel",
     "claim",
+    "claim_round",
     "complete",
     "complete_many",
     "copy_jobs",

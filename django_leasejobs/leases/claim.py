@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,7 +17,7 @@ from .dialect import Dialect, dialect, placeholders, retry_deadlocks
 from .fenced import lock_update_read, read_back
 from .flow import flow_claim, flow_lane_due, paused_condition
 from .rules import cancel_wins
-from .values import ClaimedJob
+from .values import ClaimedJob, ClaimRound
 
 CLAIM_COLUMNS = (
     "id",
@@ -65,30 +65,63 @@ def claim(
     Order (of the claim and of the returned list): priority (high first), then
     ``run_after``, then id. Each claimed row becomes ``running`` with ``attempt + 1``
     and a lease of ``lease_duration`` seconds, in the same statement: a running row
-    without a lease cannot exist.
+    without a lease cannot exist. (:func:`claim_round` is the same claim, for a worker
+    that also wants to know whether limits held jobs back.)
+    """
+    return claim_round(
+        worker_id,
+        limit=limit,
+        lease_duration=lease_duration,
+        backend=backend,
+        queues=queues,
+        using=using,
+        flow=flow,
+    ).jobs
 
-    Jobs that obey no limit are claimed in one statement. When the worker's queues
-    have a queue-wide limit, or a job of a flow group is due in them, the claim is the
-    flow claim of ``flow.py`` instead (one transaction under the backend's flow lock).
+
+def claim_round(
+    worker_id: str,
+    *,
+    limit: int,
+    lease_duration: float,
+    backend: str = "default",
+    queues: Sequence[str] | None = None,
+    using: str = "default",
+    flow: FlowRules = NO_RULES,
+    flow_lane: bool = True,
+) -> ClaimRound:
+    """:func:`claim`, and whether flow limits held due jobs back (``ClaimRound``).
+
+    Jobs that obey no limit (the main lane) are claimed in one statement. When the
+    worker's queues have a queue-wide limit, or a job of a flow group is due in them,
+    the claim is the flow claim of ``flow.py`` instead (one transaction under the
+    backend's flow lock), which takes both lanes in claim order.
+
+    ``flow_lane=False`` claims from the main lane of the queues without a queue-wide
+    limit only, in one statement: for a worker whose last flow claim was held back
+    (``ClaimRound.flow_held``), until a slot may have come free or a rate's window
+    moved on, so that a full limit's backlog does not make every claim a flow claim.
     """
     if limit <= 0 or (queues is not None and not queues):
-        return []
+        return ClaimRound([])
     d = dialect(using)
     limited = flow.limited_queues
-    if limited and (queues is None or limited.intersection(queues)):
-        rows = flow_claim(
-            worker_id,
-            limit=limit,
-            lease_duration=lease_duration,
-            backend=backend,
-            queues=queues,
-            rules=flow,
-            using=using,
-        )
+    touches_limited = bool(limited) and (queues is None or bool(limited.intersection(queues)))
+    rows: list[tuple[Any, ...]] = []
+    held = False
+    if not flow_lane:
+        open_queues = queues
+        if touches_limited and queues is not None:
+            open_queues = [q for q in queues if q not in limited]
+        if open_queues is None or open_queues:
+            rows = _claim_main_lane(
+                worker_id, d, limit, lease_duration, backend, open_queues, limited, guard=False
+            )
     else:
-        rows = _claim_main_lane(worker_id, d, limit, lease_duration, backend, queues)
-        if not rows and _flow_lane_due(d, backend, queues):
-            rows = flow_claim(
+        if not touches_limited:
+            rows = _claim_main_lane(worker_id, d, limit, lease_duration, backend, queues)
+        if touches_limited or (not rows and _flow_lane_due(d, backend, queues)):
+            rows, held = flow_claim(
                 worker_id,
                 limit=limit,
                 lease_duration=lease_duration,
@@ -98,7 +131,7 @@ def claim(
                 using=using,
             )
     rows.sort(key=lambda row: (-row[_PRIORITY], row[-1], row[0]))
-    return [claimed_job(row[:-1]) for row in rows]
+    return ClaimRound([claimed_job(row[:-1]) for row in rows], flow_held=held)
 
 
 def _claim_main_lane(
@@ -108,9 +141,13 @@ def _claim_main_lane(
     lease_duration: float,
     backend: str,
     queues: Sequence[str] | None,
+    excluded: Collection[str] = (),
+    *,
+    guard: bool = True,
 ) -> list[tuple[Any, ...]]:
     """The claim of jobs that obey no limit, in one statement (the batched path) or one
-    transaction (the portable path). It takes nothing while a job of a flow group is
+    transaction (the portable path), from ``queues`` (None: every queue but the
+    ``excluded`` ones). With ``guard`` it takes nothing while a job of a flow group is
     due in the same queues: the flow claim then takes both lanes, in claim order."""
     ready = (
         "j.status = 'pending' AND j.flow_group IS NULL AND j.backend = %s "
@@ -125,9 +162,12 @@ def _claim_main_lane(
         if queues is not None:
             ready += f" AND j.queue IN ({placeholders(len(queues))})"
             ready_params.extend(queues)
+        elif excluded:
+            ready += f" AND j.queue NOT IN ({placeholders(len(excluded))})"
+            ready_params.extend(excluded)
         ready += f" AND {paused_condition(d, 'j.queue')}"
         ready_params.append(backend)
-    flow_due, flow_params = flow_lane_due(d, backend, queues)
+    flow_due, flow_params = flow_lane_due(d, backend, queues) if guard else ("FALSE", [])
     ready += f" AND NOT {flow_due}"
     ready_params += flow_params
     pick = (

@@ -222,24 +222,31 @@ def flow_claim(
     queues: Sequence[str] | None,
     rules: FlowRules,
     using: str,
-) -> list[tuple[Any, ...]]:
+) -> tuple[list[tuple[Any, ...]], bool]:
     """Claim up to ``limit`` jobs of both lanes under the flow lock (see the module
-    docstring); return the claimed rows (``claim.CLAIM_COLUMNS`` and ``run_after``)."""
+    docstring); return the claimed rows (``claim.RETURNING``) and whether a limit held
+    a due job back while the claim had room for it."""
     from .claim import claim_rows  # (claim.py calls this module)
 
     d = dialect(using)
 
-    def work() -> list[tuple[Any, ...]]:
+    def work() -> tuple[list[tuple[Any, ...]], bool]:
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
             _lock(cursor, d, backend)
             serve = _queues_to_serve(cursor, d, backend, queues)
             if not serve:
-                return []
+                return [], False
             usage_running = _running(cursor, d, backend)
             candidates = _main_lane(cursor, d, backend, serve, rules, limit, usage_running)
             candidates += _flow_lane(cursor, d, backend, serve, limit)
+            # A queue at its limit was not even read: it holds its jobs back all the same.
+            held = any(
+                usage_running[0].get(q, 0) >= rules.queue_limits[q]
+                for q in serve
+                if q in rules.queue_limits
+            )
             if not candidates:
-                return []
+                return [], held
             windows = _windows(candidates, rules)
             usage = Usage(
                 running_by_queue=usage_running[0],
@@ -247,8 +254,9 @@ def flow_claim(
                 starts=_starts(cursor, d, backend, windows),
             )
             chosen = choose(candidates, usage, rules, limit)
+            held = held or len(chosen) < min(limit, len(candidates))
             if not chosen:
-                return []
+                return [], held
             rows = claim_rows(cursor, d, worker_id, [c.id for c in chosen], lease_duration)
             claimed = {int(row[0]) for row in rows}
             _record_starts(
@@ -258,7 +266,7 @@ def flow_claim(
                 [s for c in chosen if c.id in claimed for s, _ in _rate_scopes(c, rules)],
             )
             _prune_starts(cursor, d, backend, windows)
-            return rows
+            return rows, held
 
     return retry_deadlocks(using, work)
 
@@ -346,7 +354,8 @@ def _main_lane(
     running: tuple[Mapping[str, int], Mapping[str, int]],
 ) -> list[Candidate]:
     """Each queue's first due jobs outside flow groups: as many as the queue may start."""
-    parts, params = [], []
+    parts: list[str] = []
+    params: list[Any] = []
     for queue in queues:
         wanted = limit
         if queue in rules.queue_limits:

@@ -165,6 +165,16 @@ class RetryResult(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimRound:
+    """What one claim took, and whether flow limits held due jobs back."""
+
+    jobs: list[ClaimedJob]
+    flow_held: bool = False
+    """The flow claim left due jobs pending because a limit was full or a rate used up:
+    claiming again before a slot frees or a window moves on would find the same."""
+
+
+@dataclass(frozen=True, slots=True)
 class NewJob:
     """The producer's columns of a job row about to be inserted."""
 

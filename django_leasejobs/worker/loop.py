@@ -199,6 +199,10 @@ class Worker:
         self._next_poll = 0.0
         self._claim_wanted = True
         self._last_claimed: int | None = None
+        self._flow_held_until = 0.0
+        """Until then (monotonic), claims take only jobs that obey no limit: the last flow
+        claim found its due jobs held back by full limits (``leases.claim_round``); a slot
+        or a rate's window is looked at again after ``POLL_INTERVAL``."""
         self.listening = False
         """The listener's ``LISTEN`` is active (set by the listener thread): NOTIFY wakes
         this worker, so when idle it polls only every ``IDLE_POLL_INTERVAL`` and when the
@@ -605,6 +609,7 @@ class Worker:
             queues=self.queues,
             lease_duration=self.options.lease_duration,
             flow=self.options.flow,
+            flow_lane=now >= self._flow_held_until,
         )
         future = self._db.submit(self._run_round, plan, ctx)
         future.add_done_callback(lambda _: self.wake())  # runs once done() is true
@@ -780,6 +785,8 @@ class Worker:
         else:
             self._after_unclaim(plan.unclaims, result.unclaimed)
         self._writes[:0] = requeue
+        if result.flow_held:
+            self._flow_held_until = time.monotonic() + self.options.poll_interval
         if result.claimed is not None:
             self._take_claimed(result.claimed, plan.claim_limit)
         if result.error is not None:

@@ -90,6 +90,8 @@ class RoundResult:
     """Per single transition, in order: True = written, False = the lease was lost."""
     unclaimed: frozenset[Lease] | None = None
     claimed: list[ClaimedJob] | None = None
+    flow_held: bool = False
+    """Flow limits held due jobs back in this round's claim."""
     error: Exception | None = None
 
 
@@ -101,6 +103,8 @@ class RoundContext:
     queues: Sequence[str] | None
     lease_duration: float
     flow: FlowRules = field(default_factory=FlowRules)
+    flow_lane: bool = True
+    """False: claim only jobs that obey no limit (``leases.claim_round``)."""
 
 
 MYSQL_CLIENT_ERRORS = range(2000, 3000)
@@ -243,15 +247,17 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
         given_back = [r.job.lease for r, _ in plan.unclaims]
         result.unclaimed = leases.unclaim(worker, given_back, using=using)
     if plan.claim_limit > 0:
-        result.claimed = leases.claim(
+        claimed = leases.claim_round(
             worker,
             limit=plan.claim_limit,
             lease_duration=ctx.lease_duration,
             backend=ctx.backend,
             queues=ctx.queues,
             flow=ctx.flow,
+            flow_lane=ctx.flow_lane,
             using=using,
         )
+        result.claimed, result.flow_held = claimed.jobs, claimed.flow_held
 
 
 def _note(result: RoundResult, written: WriteResult) -> None:
