@@ -1,4 +1,4 @@
-"""Tasks with flow-control options (tests/test_flow_enqueue.py, tests/test_worker_flow_control.py)."""
+"""Tasks with flow-control options (tests/test_flow_enqueue.py, test_worker_flow_control.py)."""
 
 from __future__ import annotations
 

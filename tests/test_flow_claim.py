@@ -206,7 +206,7 @@ ENDINGS = ["success", "failure", "retry", "release", "cancel", "unclaim", "lease
 
 @pytest.mark.parametrize("ending", ENDINGS)
 def test_every_ending_frees_the_slot(ending: str) -> None:
-    first, claimed, second = _run_one("k")
+    _, claimed, second = _run_one("k")
     job_id, attempt = claimed.id, claimed.attempt
     if ending == "success":
         leases.complete(job_id, attempt, "w1")

@@ -74,8 +74,7 @@ def test_a_rate_is_stored_normalised_under_the_tasks_group() -> None:
 def test_bulk_enqueue_resolves_each_calls_key() -> None:
     backend = tasks_flow.import_customer.get_backend()
     results = backend.bulk_enqueue(
-        [(tasks_flow.import_customer, [n], {}) for n in (1, 2)]
-        + [(tasks_flow.plain, [3], {})]
+        [(tasks_flow.import_customer, [n], {}) for n in (1, 2)] + [(tasks_flow.plain, [3], {})]
     )
     groups = [stored(r).flow_group for r in results]
     assert groups == ["key:customer-1", "key:customer-2", None]
@@ -144,13 +143,19 @@ def test_a_key_callable_that_fails_or_gives_no_key_refuses_the_enqueue(
 
 @pytest.mark.parametrize(
     ("text", "rate"),
-    [("1/s", Rate(1, 1.0, "1/s")), ("50/m", Rate(50, 60.0, "50/m")), (" 7/h", Rate(7, 3600.0, "7/h"))],
+    [
+        ("1/s", Rate(1, 1.0, "1/s")),
+        ("50/m", Rate(50, 60.0, "50/m")),
+        (" 7/h", Rate(7, 3600.0, "7/h")),
+    ],
 )
 def test_rates_parse(text: str, rate: Rate) -> None:
     assert parse_rate(text) == rate
 
 
-@pytest.mark.parametrize("text", ["", "5", "5/d", "-1/s", "1.5/m", "5 / m", "1/s/s", "0/s", "2000000/s"])
+@pytest.mark.parametrize(
+    "text", ["", "5", "5/d", "-1/s", "1.5/m", "5 / m", "1/s/s", "0/s", "2000000/s"]
+)
 def test_malformed_rates_are_refused(text: str) -> None:
     assert rate_problem(text)
     with pytest.raises(ValueError, match="rate_limit"):

@@ -21,7 +21,7 @@ from django.db.models.functions import Now
 from django.test import override_settings
 from django.utils import timezone
 
-from django_leasejobs import leases
+from django_leasejobs import leases, queues
 from django_leasejobs.models import Job, JobStatus, Schedule, Worker, WorkerState
 from django_leasejobs.schedules import pause
 from django_leasejobs.schedules.scheduler import lease_backend, run_pass
@@ -400,6 +400,64 @@ def test_healthy_and_new_schedules_are_not_overdue() -> None:
 def test_no_schedules_nothing_overdue() -> None:
     data = json.loads(status("--json", "--max-overdue-schedules", "0")[0])
     assert data["overdue_schedules"] == []
+
+
+# --------------------------------------------------------------------------- paused queues
+
+
+@DB
+def test_paused_queues_are_shown_without_changing_the_exit_code() -> None:
+    enqueue()
+    enqueue(queue_name="low")
+    enqueue(queue_name="low", run_after=timezone.now() + timedelta(hours=1))
+    assert queues.pause("low")
+    assert queues.pause("high")  # no jobs: listed all the same
+
+    out, err = status("--max-dead", "0", "--max-age", "3600")
+    data = json.loads(status("--json")[0])
+
+    rows = table(out)
+    assert list(rows) == ["queue", "default", "low", "all"]  # the table as it was
+    assert rows["low"][:2] == ["1", "1"]  # ready, sched
+    paused = [line for line in out.splitlines() if " PAUSED " in line]
+    assert len(paused) == 2
+    assert re.fullmatch(
+        r"queue high PAUSED since \S+ \S+: 0 pending job\(s\) wait, no worker claims them "
+        r"\(manage.py leasejobs_queue resume high\)",
+        paused[0],
+    ), paused[0]
+    assert paused[1].startswith("queue low PAUSED since ")
+    assert ": 2 pending job(s) wait, no worker claims them" in paused[1]
+    assert err == ""
+
+    assert {q["queue"]: q["paused"] for q in data["queues"]} == {"default": False, "low": True}
+    assert "paused" not in data["totals"]
+    assert [view["name"] for view in data["paused_queues"]] == ["high", "low"]
+    low = data["paused_queues"][1]
+    assert (low["paused"], low["pending"], low["ready"], low["running"]) == (True, 2, 1, 0)
+    assert low["paused_at"].endswith("+00:00")
+    assert data["problems"] == []
+
+    queues.resume("low")
+    queues.resume("high")
+    out, _err = status()
+    data = json.loads(status("--json")[0])
+    assert "PAUSED" not in out
+    assert data["paused_queues"] == []
+    assert not any(q["paused"] for q in data["queues"])
+
+
+@COMMITTED
+def test_paused_queue_from_the_command_line(run_manage: Any) -> None:
+    enqueue(queue_name="low")
+    assert queues.pause("low")
+
+    done = run_manage(["leasejobs_status", "--json", "--max-dead", "0"])
+
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert [(view["name"], view["pending"]) for view in data["paused_queues"]] == [("low", 1)]
+    assert [(q["queue"], q["paused"]) for q in data["queues"]] == [("low", True)]
 
 
 # --------------------------------------------------------------------------- command line

@@ -3,6 +3,8 @@ a pause holds on running workers at their next claim and a resume lifts it."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from django_leasejobs import queues
@@ -44,7 +46,9 @@ def test_key_and_queue_limits_hold_across_two_workers_of_both_pools(
         jobs += [int(task.enqueue(marker_dir, key, hold).id) for _ in range(6)]
     options = {"QUEUE_LIMITS": {"low": 3}}
     for pool in ("process", "thread"):
-        workers.start(options=options, args=["--queues", "low", "--concurrency", "4", "--pool", pool])
+        workers.start(
+            options=options, args=["--queues", "low", "--concurrency", "4", "--pool", pool]
+        )
     wait_until(lambda: finished(jobs), timeout=DRAIN_TIMEOUT, what="every limited job to finish")
     lines = read_lines(marker_dir, "overlap.log")
     assert len(lines) == 2 * len(jobs)
@@ -69,3 +73,31 @@ def test_a_pause_holds_on_running_workers_and_a_resume_lifts_it(
     assert queues.resume("low") is True
     wait_until(lambda: finished([held]), timeout=DRAIN_TIMEOUT, what="the held job after resume")
     assert read_lines(marker_dir, "started.log") == ["other", "held"]
+
+
+def flow_claims() -> int:
+    from django_leasejobs.models import FlowLock
+
+    return sum(FlowLock.objects.values_list("claims", flat=True))
+
+
+def test_a_used_up_rate_neither_spins_the_worker_nor_holds_back_its_other_work(
+    workers: Workers, marker_dir: str
+) -> None:
+    limited = tasks_flow.started.using(rate_limit="1/h")
+    first = int(limited.enqueue(marker_dir, "limited-1").id)
+    held = int(limited.enqueue(marker_dir, "limited-2").id)
+    poll = 0.2
+    workers.start(options={"POLL_INTERVAL": poll}, args=["--queues", "low", "--concurrency", "2"])
+    wait_until(lambda: finished([first]), timeout=DRAIN_TIMEOUT, what="the first limited job")
+    # Other work enqueued now is taken at once, beside the held job.
+    plain = [int(tasks_flow.started.enqueue(marker_dir, f"plain-{n}").id) for n in range(3)]
+    wait_until(lambda: finished(plain), timeout=DRAIN_TIMEOUT, what="the other jobs")
+    assert Job.objects.get(pk=held).status == JobStatus.PENDING
+    # While only the held job waits, the worker looks again about once per POLL_INTERVAL:
+    # flow claims are counted on the flow lock's row.
+    before, started_at = flow_claims(), time.monotonic()
+    wait_until(lambda: time.monotonic() - started_at >= 3.0, timeout=10, what="3 s to pass")
+    looks = flow_claims() - before
+    assert 1 <= looks <= 3.0 / poll * 2 + 2, looks
+    assert Job.objects.get(pk=held).status == JobStatus.PENDING

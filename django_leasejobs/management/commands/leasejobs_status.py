@@ -4,16 +4,21 @@ With ``--max-age`` / ``--max-dead`` / ``--max-expired`` (and the others) it doub
 health probe: exit code 1 when a threshold is passed, 0 otherwise. Like workers that
 report problems, overdue schedules (no worker is running the schedules) are always
 shown and change the exit code only with a threshold (``--max-overdue-schedules``).
+Paused queues (``manage.py leasejobs_queue pause``) are shown too, and never change it:
+a pause is an operator's decision, not a fault.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
+from ...queues import QueueView
+from ...queues import overview as queue_overview
 from ...schedules import ScheduleView, overview
 from ...stats import Health, collect, online_window
 from ...templatetags.leasejobs_admin import percent, seconds
@@ -74,6 +79,7 @@ class Command(BaseCommand):
                 if backend.config.schedules
                 else []
             )
+            paused = [view for view in queue_overview(backend.alias) if view.paused]
         except DatabaseError as exc:
             raise CommandError(
                 f"database {backend.database!r} unreachable or failing: {exc}".strip(), returncode=2
@@ -82,10 +88,14 @@ class Command(BaseCommand):
         if options["json"]:
             payload = health.as_dict()
             payload["overdue_schedules"] = [view.as_dict() for view in overdue]
+            paused_names = {view.name for view in paused}
+            for queue in payload["queues"]:
+                queue["paused"] = queue["queue"] in paused_names
+            payload["paused_queues"] = [view.as_dict() for view in paused]
             payload["problems"] = problems
             self.stdout.write(json.dumps(payload, indent=2, sort_keys=True))
         else:
-            self._print_table(health, overdue, problems)
+            self._print_table(health, overdue, paused, problems)
         if problems:
             raise CommandError("; ".join(problems), returncode=1)
 
@@ -118,7 +128,11 @@ class Command(BaseCommand):
         return problems
 
     def _print_table(
-        self, health: Health, overdue: list[ScheduleView], problems: list[str]
+        self,
+        health: Health,
+        overdue: list[ScheduleView],
+        paused: list[QueueView],
+        problems: list[str],
     ) -> None:
         header = (
             "queue",
@@ -170,6 +184,13 @@ class Command(BaseCommand):
                 f"schedule {view.name} overdue: its tick of "
                 f"{view.next_tick:%Y-%m-%d %H:%M:%S} is {seconds(view.overdue_seconds)} late; "
                 "no worker is running the schedules (see manage.py leasejobs_schedules)"
+            )
+        for queue in paused:
+            since = "" if queue.paused_at is None else f" since {queue.paused_at:%Y-%m-%d %H:%M:%S}"
+            resume = f"manage.py leasejobs_queue resume {shlex.quote(queue.name)}"
+            self.stdout.write(
+                f"queue {queue.name} PAUSED{since}: {queue.pending} pending job(s) wait, "
+                f"no worker claims them ({resume})"
             )
         for problem in problems:
             self.stderr.write(f"PROBLEM: {problem}")
