@@ -217,3 +217,32 @@ def test_check_ids_are_stable() -> None:
         "leasejobs.E021",
         "leasejobs.E022",
     )
+
+
+# --------------------------------------------------------------------------- a paused queue
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_paused_queue_still_takes_enqueues_and_schedule_ticks() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from django_leasejobs import queues
+    from django_leasejobs.schedules.scheduler import lease_backend, run_pass
+
+    schedules = {"s": {"task": "tests.tasks_flow.plain", "every": 60, "args": [1]}}
+    tasks = {
+        "default": {
+            "BACKEND": BACKEND,
+            "QUEUES": ["default", "high", "low"],
+            "OPTIONS": {"SCHEDULES": schedules},
+        }
+    }
+    t0 = datetime(2026, 1, 1, 10, 0, 0, 500_000, tzinfo=UTC)
+    with override_settings(TASKS=tasks):
+        assert queues.pause("default") is True
+        enqueued = stored(tasks_flow.plain.enqueue(5))
+        run_pass(lease_backend("default"), now=t0)
+        (tick,) = run_pass(lease_backend("default"), now=t0 + timedelta(seconds=60)).enqueued
+        assert Job.objects.get(pk=tick.job_id).status == "pending"
+        assert enqueued.status == "pending"
+        assert queues.is_paused("default") is True
