@@ -272,6 +272,26 @@ def test_active_key_is_a_stored_generated_column_and_key_compares_bytes() -> Non
 
 
 @mysql_only
+def test_flow_groups_and_rate_scopes_compare_bytes() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT TABLE_NAME, COLUMN_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = DATABASE() AND ((TABLE_NAME = 'leasejobs_job' AND "
+            "COLUMN_NAME IN ('key', 'flow_group')) OR "
+            "(TABLE_NAME = 'leasejobs_rate_start' AND COLUMN_NAME = 'scope'))"
+        )
+        collations = {(t, c): collation for t, c, collation in cursor.fetchall()}
+    key = collations.pop(("leasejobs_job", "key"))
+    assert collations == {
+        ("leasejobs_job", "flow_group"): key,
+        ("leasejobs_rate_start", "scope"): key,
+    }
+    # Groups differing in case or accents are different groups, as on PostgreSQL.
+    Job.objects.create(task_path="tests.tasks.add", flow_group="key:A", concurrency_limit=1)
+    assert not Job.objects.filter(flow_group="key:a").exists()
+
+
+@mysql_only
 def test_defaults_are_the_utc_clock() -> None:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -288,6 +308,8 @@ def test_defaults_are_the_utc_clock() -> None:
         ("leasejobs_worker", "last_seen_at"): "utc_timestamp(6)",
         ("leasejobs_schedule", "created_at"): "utc_timestamp(6)",
         ("leasejobs_schedule", "updated_at"): "utc_timestamp(6)",
+        ("leasejobs_queue", "changed_at"): "utc_timestamp(6)",
+        ("leasejobs_rate_start", "started_at"): "utc_timestamp(6)",
         ("leasejobs_schedule_run", "enqueued_at"): "utc_timestamp(6)",
     }
 
