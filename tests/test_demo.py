@@ -39,7 +39,14 @@ def test_demo_enqueue_then_demo_workers_run_jobs_and_stop_cleanly(
         "demo.tasks.flaky",
         "demo.tasks.always_fails",
         "demo.tasks.crash_worker",
+        "demo.tasks.sync_customer",
+        "demo.tasks.notify",
     } <= paths
+    synced = Job.objects.filter(task_path="demo.tasks.sync_customer")
+    assert set(synced.values_list("flow_group", "concurrency_limit")) == {
+        ("key:customer-1", 1),
+        ("key:customer-2", 1),
+    }
     scheduled = Job.objects.filter(task_path="demo.tasks.add", priority=10).count()
     assert scheduled == 1  # the job scheduled 5 minutes ahead
 

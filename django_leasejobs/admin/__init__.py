@@ -1,4 +1,5 @@
-"""The Django admin of django-leasejobs: jobs, attempts, workers, schedules, the dashboard.
+"""The Django admin of django-leasejobs: jobs, attempts, workers, schedules, queues, the
+dashboard.
 
 Django's autodiscovery imports this package; importing the modules below registers
 their model admins.
@@ -8,6 +9,7 @@ their model admins.
 | ``jobs`` | the job list and page (attempts inline), the actions, the delete confirmation |
 | ``workers`` | the worker list and page |
 | ``schedules`` | the schedule list and page, the dashboard's "next scheduled runs" |
+| ``queues`` | the queue list and page (pause, resume), the dashboard's limits column |
 | ``dashboard`` | the queue dashboard view and its chart |
 | ``filters`` | the list filters |
 | ``filter_safety`` | the lists' 400 answer to a malformed filter |
@@ -19,11 +21,12 @@ when this was one module: ``from django_leasejobs.admin import JobAdmin`` to sub
 unregister and register again.
 """
 
-from . import dashboard, jobs, schedules, workers  # noqa: F401  (register their admins)
+from . import dashboard, jobs, queues, schedules, workers  # noqa: F401  (register their admins)
 from .dashboard import QueueDashboardAdmin
 from .filter_safety import FilterSafeAdmin
 from .filters import HasErrorsFilter, QueueFilter, TaskFilter, WorkerFilter, WorkerProblemFilter
 from .jobs import JobAdmin, JobAttemptInline
+from .queues import QueueAdmin
 from .schedules import ScheduleAdmin
 from .workers import WorkerAdmin
 
@@ -32,6 +35,7 @@ __all__ = [
     "HasErrorsFilter",
     "JobAdmin",
     "JobAttemptInline",
+    "QueueAdmin",
     "QueueDashboardAdmin",
     "QueueFilter",
     "ScheduleAdmin",

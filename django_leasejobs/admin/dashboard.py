@@ -1,7 +1,8 @@
 """The queue dashboard: a view (at two addresses) with its cards, tables and chart.
 
-It reads everything through ``stats.collect`` on the database's clock, and refreshes in
-place (``static/django_leasejobs/dashboard.js`` fetches ``?fragment=1``).
+It reads everything through ``stats.collect`` on the database's clock (the paused
+queues and the queue-wide limits through ``queues.dashboard_flow`` of this package),
+and refreshes in place (``static/django_leasejobs/dashboard.js`` fetches ``?fragment=1``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from django.urls import reverse
 from django.utils.translation import gettext_lazy as _
 
 from .. import stats
-from ..models import Job, QueueDashboard
+from ..models import Job, Queue, QueueDashboard
 from .clock import online_after
+from .queues import QueueFlow, dashboard_flow
 
 DASHBOARD_REFRESH_SECONDS = 5
 
@@ -48,17 +50,36 @@ def chart_bars(
     return {"bars": bars, "width": width, "height": height, "peak": peak}
 
 
+def queue_rows(
+    health: stats.Health, flows: dict[str, QueueFlow]
+) -> list[tuple[stats.QueueHealth, QueueFlow | None]]:
+    """The rows of the per-queue table: each queue with jobs, and each paused or limited
+    queue without any, with its flow control (None: not paused, no limit)."""
+    found = {q.queue: q for q in health.queues}
+    for name in flows:
+        if name not in found:
+            found[name] = stats.QueueHealth(queue=name)
+    return [(found[name], flows.get(name)) for name in sorted(found)]
+
+
 def dashboard_response(site: admin.AdminSite, request: HttpRequest) -> HttpResponse:
     from .schedules import dashboard_panel
 
     database = Job.objects.db
     health = stats.collect(using=database, online_after=online_after())
+    may_see_queues = site.is_registered(Queue) and request.user.has_perm(
+        "django_leasejobs.view_queue"
+    )
     context = {
         **site.each_context(request),
         "title": _("Queue dashboard"),
         "health": health,
         "totals": health.totals,
         "chart": chart_bars(health.per_minute),
+        "queue_rows": queue_rows(health, dashboard_flow(database, health.now)),
+        "queue_changelist": reverse(f"{site.name}:django_leasejobs_queue_changelist")
+        if may_see_queues
+        else "",
         "schedules": dashboard_panel(),
         "refresh_seconds": DASHBOARD_REFRESH_SECONDS,
         "job_changelist": reverse(f"{site.name}:django_leasejobs_job_changelist"),

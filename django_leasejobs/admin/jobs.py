@@ -25,8 +25,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 
-from .. import leases, pruning
+from .. import leases, pruning, queues
 from ..leases import database_now
+from ..limits import describe_group
 from ..models import Job, JobAttempt, JobStatus
 from ..templatetags.leasejobs_admin import seconds
 from ..templatetags.leasejobs_admin import task_name as function_name
@@ -172,7 +173,7 @@ class JobAdmin(FilterSafeAdmin):
     search_help_text = _("Job id, dedup key, or part of the task path.")
 
     class Media:
-        css = {"all": ["django_leasejobs/admin.css"]}
+        css = {"all": ["django_leasejobs/admin.css", "django_leasejobs/flow.css"]}
 
     ordering = ("-id",)
     list_per_page = 50
@@ -181,6 +182,10 @@ class JobAdmin(FilterSafeAdmin):
     actions = ("retry_now", "cancel_jobs", "requeue_dead", "delete_finished")
     fieldsets = (
         (None, {"fields": ("task_path", "status_badge", "queue", "priority", "backend", "key")}),
+        (
+            _("Flow control"),
+            {"fields": ("concurrency_group", "concurrency_limit", "rate_limit")},
+        ),
         (
             _("Arguments and results"),
             {"fields": ("args_json", "kwargs_json", "result_json", "checkpoint_json")},
@@ -217,9 +222,11 @@ class JobAdmin(FilterSafeAdmin):
             },
         ),
     )
-    # Every field shown is read only: the job page is a view, never a form.
-    readonly_fields = tuple(
-        cast(str, name) for _, options in fieldsets for name in options["fields"]
+    # Every field shown is read only: the job page is a view, never a form. A pending
+    # job's page also says why it is not running (get_fieldsets).
+    readonly_fields = (
+        *(cast(str, name) for _, options in fieldsets for name in options["fields"]),
+        "why_waiting",
     )
 
     # -- read only ----------------------------------------------------------------
@@ -232,6 +239,15 @@ class JobAdmin(FilterSafeAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # finished jobs are deleted by the permission-gated action only
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or obj.status != JobStatus.PENDING:
+            return fieldsets
+        (name, options), *rest = fieldsets
+        fields = list(options["fields"])
+        fields.insert(fields.index("status_badge") + 1, "why_waiting")
+        return [(name, {**options, "fields": fields}), *rest]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         return with_database_now(super().get_queryset(request))
@@ -338,6 +354,41 @@ class JobAdmin(FilterSafeAdmin):
         return format_html(
             '<span title="{} (UTC)">{} {}</span>', title, label, relative(moment, now)
         )
+
+    @admin.display(description=_("waiting"))
+    def why_waiting(self, job: Job) -> str:
+        """Why a pending job is not running (``queues.waiting_reasons``), escaped."""
+        question = _("Why is it not running?")
+        try:
+            reasons = queues.waiting_reasons(job)
+        except ValueError:
+            return format_html(
+                '<div class="leasejobs-waiting"><strong>{}</strong>{}</div>',
+                question,
+                _('Its task backend "%(backend)s" is not configured: no worker here takes it.')
+                % {"backend": job.backend},
+            )
+        if not reasons:
+            return format_html(
+                '<div class="leasejobs-waiting leasejobs-waiting-none"><strong>{}</strong>{}</div>',
+                question,
+                _("Nothing holds it back: a worker takes it at its next claim."),
+            )
+        return format_html(
+            '<div class="leasejobs-waiting"><strong>{}</strong><ul>{}</ul></div>',
+            question,
+            format_html_join("", "<li>{}</li>", ((reason,) for reason in reasons)),
+        )
+
+    @admin.display(description=_("concurrency key / group"))
+    def concurrency_group(self, job: Job) -> str:
+        """The job's concurrency key, or the task whose limits it obeys ('-': none)."""
+        if not job.flow_group:
+            return "-"
+        key = job.concurrency_key
+        if key is not None:
+            return format_html("{} <code>{}</code>", _("key"), key)
+        return format_html("<code>{}</code>", describe_group(job.flow_group))
 
     @admin.display(description=_("arguments"))
     def args_json(self, job: Job) -> str:

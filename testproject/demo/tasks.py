@@ -1,5 +1,7 @@
-"""Tasks of the demo project: quick, slow (with progress), flaky and hopeless ones, and
-two that the demo's schedules enqueue (``ping``, ``queue_report``)."""
+"""Tasks of the demo project: quick, slow (with progress), flaky and hopeless ones, two
+under flow control (``sync_customer``: one at a time per customer; ``notify``: at most
+six starts a minute), and two that the demo's schedules enqueue (``ping``,
+``queue_report``)."""
 
 from __future__ import annotations
 
@@ -65,6 +67,20 @@ def crash_worker(context: Any) -> None:
     """
     os.kill(os.getppid(), signal.SIGKILL)
     time.sleep(60)
+
+
+@task(concurrency_key=lambda customer_id, **kwargs: f"customer-{customer_id}")
+def sync_customer(customer_id: int, seconds: float = 3.0) -> int:
+    """One sync per customer at a time, across every worker (its concurrency key); the
+    others wait in ``pending``, and the admin's job page says why."""
+    time.sleep(float(seconds))
+    return customer_id
+
+
+@task(rate_limit="6/m")
+def notify(number: int) -> int:
+    """At most six starts a minute across every worker (its rate limit)."""
+    return number
 
 
 @task

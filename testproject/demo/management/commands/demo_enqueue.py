@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
-from demo.tasks import add, always_fails, crash_worker, flaky, slow
+from demo.tasks import add, always_fails, crash_worker, flaky, notify, slow, sync_customer
 
 
 class Command(BaseCommand):
@@ -79,6 +79,13 @@ class Command(BaseCommand):
         report("flaky(succeed_on_attempt=3)", flaky.enqueue(succeed_on_attempt=3))
         report("flaky(succeed_on_attempt=9)", flaky.enqueue(succeed_on_attempt=9))
         report("always_fails()", always_fails.enqueue())
+        for customer in (1, 2):
+            for _ in range(3):
+                report(
+                    f"sync_customer({customer}) [one at a time]", sync_customer.enqueue(customer)
+                )
+        for number in range(8):
+            report(f"notify({number}) [6 a minute]", notify.enqueue(number))
         report("crash_worker() [kills its worker; dead after 2 stalls]", crash_worker.enqueue())
 
         self.stdout.write(self.style.SUCCESS(f"{enqueued} demo jobs enqueued"))
