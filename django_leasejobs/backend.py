@@ -160,6 +160,11 @@ def _rebuild(base: Task, job: EnqueuedOptions, backend: str, given: Mapping[str,
             timeout=job.timeout,
             key=job.key,
             retry_backoff=kept if backoff is None else Backoff.from_value(backoff),
+            concurrency_limit=given.get("concurrency_limit"),
+            rate_limit=given.get("rate_limit"),
+            concurrency_key=given.get("concurrency_key")
+            if isinstance(given.get("concurrency_key"), str)
+            else (base.concurrency_key if callable(base.concurrency_key) else None),
         )
     try:
         return base.using(**changes)
@@ -175,10 +180,13 @@ def _task_options(task: Task) -> dict[str, Any] | None:
     options: dict[str, Any] = {}
     if task.run_after is not None:
         options["run_after"] = task.run_after.isoformat()
-    for name in ("max_attempts", "max_stalls"):
+    for name in ("max_attempts", "max_stalls", "concurrency_limit", "rate_limit"):
         value = getattr(task, name, None)
         if value is not None:
             options[name] = value
+    key = getattr(task, "concurrency_key", None)
+    if isinstance(key, str):  # a callable cannot be stored: the declared task keeps it
+        options["concurrency_key"] = key
     return options or None
 
 

@@ -161,8 +161,9 @@ def _limited_queue_messages(
     params: dict[str, Any], options: Options, obj: str
 ) -> list[checks.CheckMessage]:
     """A queue in ``QUEUE_LIMITS`` or ``QUEUE_RATE_LIMITS`` that the backend does not serve
-    (its ``QUEUES``, when set): the limit would never apply."""
-    served = params.get("QUEUES")
+    (its ``QUEUES``; without it, Django's default queue only; an empty list serves every
+    queue): the limit would never apply."""
+    served = params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])
     if not served or not isinstance(served, list | tuple | set | frozenset):
         return []
     found = []

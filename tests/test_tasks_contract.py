@@ -36,7 +36,7 @@ from django_leasejobs.compat import (
 from django_leasejobs.models import Job
 from django_leasejobs.retry import Backoff
 from django_leasejobs.worker.loop import Worker, WorkerConfig
-from tests import tasks, tasks_contract
+from tests import tasks, tasks_contract, tasks_flow
 from tests.helpers_leases import expire
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -73,6 +73,14 @@ AT = datetime(2031, 5, 4, 3, 2, 1, 123456, tzinfo=UTC)
             lambda: tasks.add.using(retry_backoff={"base": 1, "factor": 2, "cap": 9, "jitter": 0}),
             id="retry_backoff",
         ),
+        pytest.param(lambda: tasks.add.using(concurrency_key="c-1"), id="concurrency_key"),
+        pytest.param(
+            lambda: tasks.add.using(concurrency_key="c-1", concurrency_limit=3),
+            id="concurrency_key-and-limit",
+        ),
+        pytest.param(lambda: tasks.add.using(concurrency_limit=2), id="concurrency_limit"),
+        pytest.param(lambda: tasks.add.using(rate_limit="5/m"), id="rate_limit"),
+        pytest.param(lambda: tasks_flow.import_customer, id="declared-key-callable"),
         pytest.param(lambda: tasks.configured, id="declared-with-options"),
         pytest.param(lambda: tasks.configured.using(max_attempts=9), id="declared-overridden"),
         pytest.param(lambda: tasks.plain_django_task, id="django-decorator"),
@@ -87,13 +95,24 @@ def test_get_result_returns_what_enqueue_returned(make: Any) -> None:
     assert fetched == enqueued
     assert fetched.task == task  # every option, set or unset, as enqueued
     assert fetched.task.run_after == task.run_after
-    for name in ("max_attempts", "max_stalls", "timeout", "key", "retry_backoff"):
+    for name in (
+        "max_attempts",
+        "max_stalls",
+        "timeout",
+        "key",
+        "retry_backoff",
+        "concurrency_key",
+        "concurrency_limit",
+        "rate_limit",
+    ):
         assert getattr(fetched.task, name, None) == getattr(task, name, None), name
 
 
 def _enqueue(task: Any) -> TaskResult:
     if task.func is tasks.configured.func:
         return task.enqueue(3)
+    if task.func is tasks_flow.import_customer.func:
+        return task.enqueue(7)
     return task.enqueue(1, 2)
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 
 from ..limits import FlowRules, Rate, parse_rate, queue_scope, task_group
 from ..models import FlowLock, Queue, RateStart
@@ -287,6 +287,13 @@ def _lock(cursor: Any, d: Dialect, backend: str) -> None:
     cursor.execute(insert, [backend])
     if cursor.rowcount != 1:  # another worker created it first: wait for its lock
         cursor.execute(update, [backend])
+        if cursor.rowcount != 1:
+            # Only a snapshot older than the row can miss it (REPEATABLE READ or stricter):
+            # the limits cannot be counted safely without the lock.
+            raise OperationalError(
+                f"could not lock the flow-control row of backend {backend!r}: flow control "
+                "needs the READ COMMITTED isolation level (Django's default)"
+            )
 
 
 def _queues_to_serve(
