@@ -33,7 +33,7 @@ from tests.browser import in_ci
 from tests.conftest import RunManage
 from tests.pgbouncer import PgBouncer, find_pgbouncer, running
 from tests.tasks_worker_flow import read_lines
-from tests.worker_harness import WorkerProcess, Workers, pid_alive, wait_until
+from tests.worker_harness import IDLE_MAIN_LOOP, WorkerProcess, Workers, pid_alive, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -200,10 +200,6 @@ def test_producers_and_both_pools_poll_behind_the_pooler_without_listen_database
         assert len(json_records(worker, POLLING)) == 1  # once, however long it ran
         assert json_records(worker, LISTENING) == []
     assert_no_stray_notification(bouncer)
-
-
-IDLE_MAIN_LOOP = ("WITH picked AS", "SELECT EXTRACT(EPOCH FROM MIN(j.run_after)")
-"""The last statement of an idle main loop: its claim, then (listening) the next-due lookup."""
 
 
 def idle_queries() -> list[str]:

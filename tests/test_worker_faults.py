@@ -24,7 +24,7 @@ from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus, 
 from django_leasejobs.models import Worker as WorkerRow
 from tests import tasks_worker
 from tests.tasks_worker_shutdown import record_job, slow_job
-from tests.worker_harness import MANAGE_PY, WorkerProcess, wait_until
+from tests.worker_harness import IDLE_MAIN_LOOP, MANAGE_PY, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -421,16 +421,12 @@ def test_idle_worker_reconnects_after_the_database_was_unreachable(
 def _quiet_main_loop_backend() -> int | None:
     """The worker main loop's connection once the worker has been idle for half a second.
 
-    Only the main loop runs the claim statement (``WITH picked AS ...``) and, when its
-    listener listens, the next-due lookup after an empty claim (``SELECT EXTRACT(EPOCH
-    FROM MIN(j.run_after) ...``): its last statement is one of the two. The listener
-    wakes the loop once after its LISTEN, so wait until both have been quiet for a while:
-    after that, nothing but a signal wakes a worker whose POLL_INTERVAL is 30 s.
+    Its last statement is one of ``IDLE_MAIN_LOOP`` (the claim, the flow check after an
+    empty claim, the next-due lookup when its listener listens). The listener wakes the
+    loop once after its LISTEN, so wait until both have been quiet for a while: after
+    that, nothing but a signal wakes a worker whose POLL_INTERVAL is 30 s.
     """
-    main_loop = (
-        "(query LIKE 'WITH picked AS%%' "
-        "OR query LIKE 'SELECT EXTRACT(EPOCH FROM MIN(j.run_after)%%')"
-    )
+    main_loop = "(" + " OR ".join(f"query LIKE '{start}%%'" for start in IDLE_MAIN_LOOP) + ")"
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT "

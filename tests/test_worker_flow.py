@@ -31,7 +31,7 @@ from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus, 
 from django_leasejobs.models import Worker as WorkerRow
 from tests import tasks_worker, tasks_worker_flow
 from tests.tasks_worker_flow import read_lines
-from tests.worker_harness import WorkerProcess, Workers, pid_alive, wait_until
+from tests.worker_harness import IDLE_MAIN_LOOP, WorkerProcess, Workers, pid_alive, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -422,10 +422,6 @@ def test_priority_order_is_respected_with_one_slot(workers: Workers, marker_dir:
 
 
 # --------------------------------------------------------------------------- LISTEN/NOTIFY
-
-
-IDLE_MAIN_LOOP = ("WITH picked AS", "SELECT EXTRACT(EPOCH FROM MIN(j.run_after)")
-"""The last statement of an idle main loop: its claim, then (listening) the next-due lookup."""
 
 
 def idle_queries() -> list[str]:

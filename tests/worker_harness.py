@@ -42,6 +42,12 @@ FAST_OPTIONS: dict[str, Any] = {
 }
 
 
+IDLE_MAIN_LOOP = ("WITH picked AS", "SELECT CASE WHEN EXISTS", "SELECT EXTRACT(EPOCH FROM LEAST(")
+"""The statements an idle main loop's connection ends with (``pg_stat_activity.query``):
+its claim, after an empty claim the check whether a job under flow control is due, and
+(listening) the next-due lookup (``leases.seconds_to_next_due``)."""
+
+
 def wait_until(
     condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05, what: str = ""
 ) -> Any:
