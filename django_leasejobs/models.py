@@ -167,7 +167,17 @@ class Job(models.Model):
                 name="leasejobs_job_claim_idx",
                 condition=Q(status="pending", flow_group__isnull=True),
             ),
-            # The flow lane: pending jobs of flow groups, each group's in claim order.
+            # The flow lane in claim order (the flow claim's window).
+            models.Index(
+                "backend",
+                "queue",
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="leasejobs_job_flow_order_idx",
+                condition=Q(status="pending", flow_group__isnull=False),
+            ),
+            # The flow lane by group, each group's in claim order (its skip scan).
             models.Index(
                 "backend",
                 "queue",

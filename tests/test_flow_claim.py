@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.db.models.functions import Now
 
 from django_leasejobs import leases
@@ -352,3 +353,41 @@ def test_the_main_lane_alone_skips_flow_jobs_and_limited_queues() -> None:
     assert leases.claim_round(
         "w1", limit=5, lease_duration=LEASE, flow=rules, queues=["imports"], flow_lane=False
     ) == leases.ClaimRound([])
+
+
+# --------------------------------------------------------------------------- the flow lane's reads
+
+
+def test_a_full_keys_backlog_longer_than_the_window_does_not_hide_other_keys() -> None:
+    keyed("busy", priority=50)
+    claim(limit=1)
+    for _ in range(30):  # far more than the window of a claim of 2 (leases.flow)
+        keyed("busy", priority=50)
+    free = keyed("free", priority=0)
+    late = keyed("late", priority=-5)
+    assert ids(claim(limit=2)) == [free.pk, late.pk]
+
+
+def test_a_group_with_room_in_a_crowded_window_is_taken_in_order() -> None:
+    first = keyed("two", limit=2, priority=9)
+    second = keyed("two", limit=2, priority=8)
+    for _ in range(10):
+        keyed("two", limit=2, priority=7)
+    other = keyed("other", priority=0)
+    assert sorted(ids(claim(limit=3))) == sorted([first.pk, second.pk, other.pk])
+
+
+def test_when_the_window_has_room_no_group_is_scanned() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("the window and the skip scan are PostgreSQL's flow lane")
+    for n in range(5):
+        keyed(f"k{n}")
+    statements: list[str] = []
+
+    def record(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        assert len(claim(limit=3)) == 3
+    assert not [s for s in statements if s.startswith("WITH RECURSIVE g(")]  # no group scan

@@ -72,6 +72,20 @@ class Candidate:
 
 
 @dataclass(frozen=True, slots=True)
+class Running:
+    """Running jobs whose lease has not expired, as a flow claim read them."""
+
+    by_queue: Mapping[str, int]
+    by_group: Mapping[str, int]
+    group_limits: Mapping[str, int]
+    """Per group, the lowest ``concurrency_limit`` among its running jobs."""
+
+    def full_groups(self) -> list[str]:
+        """The groups whose running jobs fill their limit: no job of theirs can start."""
+        return sorted(g for g, n in self.by_group.items() if n >= self.group_limits.get(g, n + 1))
+
+
+@dataclass(frozen=True, slots=True)
 class Usage:
     """What the limits have used, as the flow claim read it under the lock."""
 
@@ -236,12 +250,12 @@ def flow_claim(
             serve = _queues_to_serve(cursor, d, backend, queues)
             if not serve:
                 return [], False
-            usage_running = _running(cursor, d, backend)
-            candidates = _main_lane(cursor, d, backend, serve, rules, limit, usage_running)
-            candidates += _flow_lane(cursor, d, backend, serve, limit)
+            running = _running(cursor, d, backend)
+            candidates = _main_lane(cursor, d, backend, serve, rules, limit, running)
+            candidates += _flow_lane(cursor, d, backend, serve, limit, running)
             # A queue at its limit was not even read: it holds its jobs back all the same.
             held = any(
-                usage_running[0].get(q, 0) >= rules.queue_limits[q]
+                running.by_queue.get(q, 0) >= rules.queue_limits[q]
                 for q in serve
                 if q in rules.queue_limits
             )
@@ -249,8 +263,8 @@ def flow_claim(
                 return [], held
             windows = _windows(candidates, rules)
             usage = Usage(
-                running_by_queue=usage_running[0],
-                running_by_group=usage_running[1],
+                running_by_queue=running.by_queue,
+                running_by_group=running.by_group,
                 starts=_starts(cursor, d, backend, windows),
             )
             chosen = choose(candidates, usage, rules, limit)
@@ -330,21 +344,25 @@ def _pending_queues(cursor: Any, d: Dialect, backend: str) -> list[str]:
     return sorted(found)
 
 
-def _running(cursor: Any, d: Dialect, backend: str) -> tuple[dict[str, int], dict[str, int]]:
+def _running(cursor: Any, d: Dialect, backend: str) -> Running:
     """Running jobs whose lease has not expired, per queue and per flow group."""
     cursor.execute(
-        f"SELECT j.queue, j.flow_group, COUNT(*) FROM {d.jobs} AS j "  # noqa: S608 - identifiers quoted, values bound
+        f"SELECT j.queue, j.flow_group, COUNT(*), MIN(j.concurrency_limit) FROM {d.jobs} AS j "  # noqa: S608 - identifiers quoted, values bound
         f"WHERE j.status = 'running' AND j.backend = %s AND j.locked_until > {d.now} "
         "GROUP BY j.queue, j.flow_group",
         [backend],
     )
     by_queue: Counter[str] = Counter()
     by_group: Counter[str] = Counter()
-    for queue, group, count in cursor.fetchall():
+    limits: dict[str, int] = {}
+    for queue, group, count, lowest in cursor.fetchall():
         by_queue[queue] += int(count)
         if group is not None:
             by_group[group] += int(count)
-    return dict(by_queue), dict(by_group)
+            if lowest is not None:
+                lowest = max(int(lowest), 1)
+                limits[group] = min(limits.get(group, lowest), lowest)
+    return Running(dict(by_queue), dict(by_group), limits)
 
 
 def _select_candidates(d: Dialect) -> str:
@@ -358,7 +376,7 @@ def _main_lane(
     queues: Sequence[str],
     rules: FlowRules,
     limit: int,
-    running: tuple[Mapping[str, int], Mapping[str, int]],
+    running: Running,
 ) -> list[Candidate]:
     """Each queue's first due jobs outside flow groups: as many as the queue may start."""
     parts: list[str] = []
@@ -366,7 +384,7 @@ def _main_lane(
     for queue in queues:
         wanted = limit
         if queue in rules.queue_limits:
-            wanted = min(wanted, rules.queue_limits[queue] - running[0].get(queue, 0))
+            wanted = min(wanted, rules.queue_limits[queue] - running.by_queue.get(queue, 0))
         if wanted <= 0:
             continue
         parts.append(
@@ -382,43 +400,105 @@ def _main_lane(
     return [_candidate(row) for row in cursor.fetchall()]
 
 
+WINDOW_PER_CLAIM = 4
+"""The flow lane's window: the first ``WINDOW_PER_CLAIM * limit`` due jobs of each queue
+in claim order, read first (``_flow_lane``)."""
+
+
 def _flow_lane(
+    cursor: Any, d: Dialect, backend: str, queues: Sequence[str], limit: int, running: Running
+) -> list[Candidate]:
+    """The first due jobs of the flow groups in ``queues``: at least each group's first
+    ones that may start, never a held-back group's backlog (on PostgreSQL).
+
+    PostgreSQL: first the window, each queue's first ``WINDOW_PER_CLAIM * limit`` due
+    flow jobs in claim order (``leasejobs_job_flow_order_idx``): the earliest candidates
+    there are, read in a few index pages when nothing in front is held back. When the
+    window is full and its groups that may start cannot fill the claim, a skip scan of
+    ``leasejobs_job_flow_idx`` finds every group with pending jobs in the queue (one
+    index probe per group) and reads the first due jobs of each group that is not full:
+    a full group's backlog is never read. Elsewhere: the due flow jobs of the queues,
+    numbered per group by a window function, each group's first ``limit``.
+    """
+    if d.vendor != "postgresql":
+        return _flow_lane_numbered(cursor, d, backend, queues, limit)
+    lane = "j.status = 'pending' AND j.flow_group IS NOT NULL AND j.backend = %s"
+    columns = _select_candidates(d)
+    window = WINDOW_PER_CLAIM * limit
+    parts = [
+        f"SELECT * FROM (SELECT {columns} FROM {d.jobs} AS j WHERE {lane} AND j.queue = %s "  # noqa: S608 - identifiers quoted, values bound
+        f"AND j.run_after <= {d.now} ORDER BY j.priority DESC, j.run_after, j.id LIMIT %s) AS w{n}"
+        for n in range(len(queues))
+    ]
+    cursor.execute(
+        " UNION ALL ".join(parts),
+        [value for queue in queues for value in (backend, queue, window)],
+    )
+    found = [_candidate(row) for row in cursor.fetchall()]
+    full = set(running.full_groups())
+    per_queue = Counter(c.queue for c in found)
+    crowded = [q for q in queues if per_queue[q] >= window]
+    if not crowded or _room(found, running, full) >= limit:
+        return found
+    seen = {c.id for c in found}
+    more = _flow_lane_by_group(cursor, d, backend, crowded, limit, sorted(full))
+    return found + [c for c in more if c.id not in seen]
+
+
+def _room(found: Sequence[Candidate], running: Running, full: set[str]) -> int:
+    """How many of ``found`` their groups' limits could let start (rates aside)."""
+    counts = Counter(c.flow_group for c in found if c.flow_group not in full)
+    limits = {c.flow_group: c.concurrency_limit for c in found}
+    room = 0
+    for group, count in counts.items():
+        limit = limits.get(group)
+        free = count if limit is None else limit - running.by_group.get(group or "", 0)
+        room += max(0, min(count, free))
+    return room
+
+
+def _flow_lane_by_group(
+    cursor: Any,
+    d: Dialect,
+    backend: str,
+    queues: Sequence[str],
+    limit: int,
+    full: Sequence[str],
+) -> list[Candidate]:
+    """PostgreSQL: every flow group of ``queues`` by a skip scan, and the first ``limit``
+    due jobs of each group not in ``full``."""
+    lane = "j.status = 'pending' AND j.flow_group IS NOT NULL AND j.backend = %s"
+    probe = lane.replace("j.", "f.")
+    sql = (
+        "WITH RECURSIVE g(queue, name) AS ("  # noqa: S608 - identifiers quoted, values bound
+        f"SELECT q.name, (SELECT f.flow_group FROM {d.jobs} AS f WHERE {probe} "
+        "AND f.queue = q.name ORDER BY f.flow_group LIMIT 1) "
+        "FROM unnest(%s::text[]) AS q(name) "
+        f"UNION ALL SELECT g.queue, (SELECT f.flow_group FROM {d.jobs} AS f WHERE {probe} "
+        "AND f.queue = g.queue AND f.flow_group > g.name ORDER BY f.flow_group LIMIT 1) "
+        "FROM g WHERE g.name IS NOT NULL) "
+        f"SELECT p.* FROM g CROSS JOIN LATERAL (SELECT {_select_candidates(d)} "
+        f"FROM {d.jobs} AS j WHERE {lane} AND j.queue = g.queue AND j.flow_group = g.name "
+        f"AND j.run_after <= {d.now} ORDER BY j.priority DESC, j.run_after, j.id LIMIT %s) "
+        "AS p WHERE g.name IS NOT NULL AND NOT g.name = ANY(%s::text[])"
+    )
+    cursor.execute(sql, [backend, list(queues), backend, backend, limit, list(full)])
+    return [_candidate(row) for row in cursor.fetchall()]
+
+
+def _flow_lane_numbered(
     cursor: Any, d: Dialect, backend: str, queues: Sequence[str], limit: int
 ) -> list[Candidate]:
-    """Each flow group's first ``limit`` due jobs in ``queues``.
-
-    PostgreSQL: a skip scan of ``leasejobs_job_flow_idx`` finds the groups (one index
-    probe per group), then each group's first rows in index order: the cost grows with
-    the number of groups, never with the backlog of one. Elsewhere: the due flow-lane
-    rows of the queues, numbered per group by a window function.
-    """
+    """SQLite, MySQL/MariaDB: each group's first ``limit`` due jobs in ``queues``."""
     lane = "j.status = 'pending' AND j.flow_group IS NOT NULL AND j.backend = %s"
-    if d.vendor == "postgresql":
-        probe = lane.replace("j.", "f.")
-        sql = (
-            "WITH RECURSIVE g(queue, name) AS ("  # noqa: S608 - identifiers quoted, values bound
-            f"SELECT q.name, (SELECT f.flow_group FROM {d.jobs} AS f WHERE {probe} "
-            "AND f.queue = q.name ORDER BY f.flow_group LIMIT 1) "
-            "FROM unnest(%s::text[]) AS q(name) "
-            f"UNION ALL SELECT g.queue, (SELECT f.flow_group FROM {d.jobs} AS f WHERE {probe} "
-            "AND f.queue = g.queue AND f.flow_group > g.name ORDER BY f.flow_group LIMIT 1) "
-            "FROM g WHERE g.name IS NOT NULL) "
-            f"SELECT p.* FROM g CROSS JOIN LATERAL (SELECT {_select_candidates(d)} "
-            f"FROM {d.jobs} AS j WHERE {lane} AND j.queue = g.queue AND j.flow_group = g.name "
-            f"AND j.run_after <= {d.now} ORDER BY j.priority DESC, j.run_after, j.id LIMIT %s) "
-            "AS p WHERE g.name IS NOT NULL"
-        )
-        cursor.execute(sql, [backend, list(queues), backend, backend, limit])
-    else:
-        columns = _select_candidates(d)
-        sql = (
-            f"SELECT {', '.join(d.q(c) for c in CANDIDATE_COLUMNS)} FROM (SELECT {columns}, "  # noqa: S608 - identifiers quoted, values bound
-            "ROW_NUMBER() OVER (PARTITION BY j.flow_group "
-            "ORDER BY j.priority DESC, j.run_after, j.id) AS rn "
-            f"FROM {d.jobs} AS j WHERE {lane} AND j.run_after <= {d.now} "
-            f"AND j.queue IN ({placeholders(len(queues))})) AS c WHERE c.rn <= %s"
-        )
-        cursor.execute(sql, [backend, *queues, limit])
+    sql = (
+        f"SELECT {', '.join(d.q(c) for c in CANDIDATE_COLUMNS)} FROM (SELECT "  # noqa: S608 - identifiers quoted, values bound
+        f"{_select_candidates(d)}, ROW_NUMBER() OVER (PARTITION BY j.flow_group "
+        "ORDER BY j.priority DESC, j.run_after, j.id) AS rn "
+        f"FROM {d.jobs} AS j WHERE {lane} AND j.run_after <= {d.now} "
+        f"AND j.queue IN ({placeholders(len(queues))})) AS c WHERE c.rn <= %s"
+    )
+    cursor.execute(sql, [backend, *queues, limit])
     return [_candidate(row) for row in cursor.fetchall()]
 
 

@@ -9,14 +9,16 @@
 * ``leasejobs_job``: ``flow_group``, ``concurrency_limit``, ``rate_limit`` (nullable, no
   default: adding them rewrites no row).
 * The claim index leaves the jobs of flow groups out (``flow_group IS NULL`` joins its
-  condition), and ``leasejobs_job_flow_idx`` holds them, each group in claim order: a
-  backlog held back by a full limit is never walked by the claim of other jobs. On a
+  condition), and two partial indexes hold them: ``leasejobs_job_flow_order_idx`` in
+  claim order (the flow claim's first look) and ``leasejobs_job_flow_idx`` by group,
+  each group in claim order (its skip scan): a backlog held back by a full limit is
+  never walked by the claim of other jobs. On a
   big table the claim index is rebuilt here (PostgreSQL: ``DROP INDEX`` and ``CREATE
   INDEX`` lock writes to the job table while it builds).
 
 MySQL and MariaDB have no partial indexes: there the claim index keeps its stand-in of
 migration 0007 (it holds every pending row, and the portable claim filters), the flow
-index is not created (the flow claim reads the pending jobs of flow groups through the
+indexes are not created (the flow claim reads the pending jobs of flow groups through the
 claim index's stand-in), and ``flow_group`` and ``scope`` get the binary collation of
 ``key``, so groups compare byte for byte as on PostgreSQL and SQLite.
 """
@@ -44,6 +46,15 @@ NEW_CLAIM = models.Index(
     name="leasejobs_job_claim_idx",
     condition=models.Q(status="pending", flow_group__isnull=True),
 )
+FLOW_ORDER = models.Index(
+    "backend",
+    "queue",
+    models.F("priority").desc(),
+    "run_after",
+    "id",
+    name="leasejobs_job_flow_order_idx",
+    condition=models.Q(status="pending", flow_group__isnull=False),
+)
 FLOW = models.Index(
     "backend",
     "queue",
@@ -63,6 +74,7 @@ def indexes_forwards(apps, schema_editor):
         return
     schema_editor.remove_index(job, OLD_CLAIM)
     schema_editor.add_index(job, NEW_CLAIM)
+    schema_editor.add_index(job, FLOW_ORDER)
     schema_editor.add_index(job, FLOW)
 
 
@@ -71,6 +83,7 @@ def indexes_backwards(apps, schema_editor):
     if schema_editor.connection.vendor == "mysql":
         return
     schema_editor.remove_index(job, FLOW)
+    schema_editor.remove_index(job, FLOW_ORDER)
     schema_editor.remove_index(job, NEW_CLAIM)
     schema_editor.add_index(job, OLD_CLAIM)
 
@@ -164,6 +177,7 @@ class Migration(migrations.Migration):
             state_operations=[
                 migrations.RemoveIndex(model_name='job', name='leasejobs_job_claim_idx'),
                 migrations.AddIndex(model_name='job', index=NEW_CLAIM),
+                migrations.AddIndex(model_name='job', index=FLOW_ORDER),
                 migrations.AddIndex(model_name='job', index=FLOW),
             ],
             database_operations=[
