@@ -338,21 +338,34 @@ def test_a_full_queue_limit_holds_even_without_candidates_read() -> None:
     assert (held.jobs, held.flow_held) == ([], True)
 
 
-def test_the_main_lane_alone_skips_flow_jobs_and_limited_queues() -> None:
+def test_main_lane_first_takes_jobs_without_limits_first_and_flow_jobs_for_the_rest() -> None:
     flow_job = keyed("k", priority=10)
-    make_job(queue="imports", priority=10)
-    plain = make_job(priority=0)
+    limited = make_job(queue="imports", priority=10)
+    plain = make_jobs(2, priority=0)
     rules = FlowRules(queue_limits={"imports": 5})
-    for queues in (None, ["default", "imports"]):
-        taken = leases.claim_round(
-            "w1", limit=5, lease_duration=LEASE, flow=rules, queues=queues, flow_lane=False
+    queues = ["default", "imports"]
+
+    def first(limit: int) -> leases.ClaimRound:
+        return leases.claim_round(
+            "w1", limit=limit, lease_duration=LEASE, flow=rules, queues=queues, main_lane_first=True
         )
-        assert ids(taken.jobs) == ([plain.pk] if queues is None else [])
-        assert taken.flow_held is False
+
+    taken = first(2)  # the main lane fills it: no flow claim, whatever priority says
+    assert sorted(ids(taken.jobs)) == plain
+    assert taken.flow_held is False
     assert Job.objects.get(pk=flow_job.pk).status == JobStatus.PENDING
-    assert leases.claim_round(
-        "w1", limit=5, lease_duration=LEASE, flow=rules, queues=["imports"], flow_lane=False
-    ) == leases.ClaimRound([])
+    rest = first(5)  # the main lane is empty: a flow claim takes the rest
+    assert sorted(ids(rest.jobs)) == sorted([flow_job.pk, limited.pk])
+
+
+def test_a_claim_round_is_held_when_a_full_group_is_skipped_even_if_it_fills_up() -> None:
+    keyed("k", priority=10)
+    claim(limit=1)
+    keyed("k", priority=10)
+    others = [keyed(f"other-{n}").pk for n in range(3)]
+    taken = leases.claim_round("w1", limit=3, lease_duration=LEASE)
+    assert sorted(ids(taken.jobs)) == others
+    assert taken.flow_held is True
 
 
 # --------------------------------------------------------------------------- the flow lane's reads

@@ -101,3 +101,18 @@ def test_a_used_up_rate_neither_spins_the_worker_nor_holds_back_its_other_work(
     looks = flow_claims() - before
     assert 1 <= looks <= 3.0 / poll * 2 + 2, looks
     assert Job.objects.get(pk=held).status == JobStatus.PENDING
+
+
+def test_a_burst_worker_drains_keys_it_held_itself_before_it_exits(
+    workers: Workers, marker_dir: str
+) -> None:
+    # Each job outlasts a claim but not POLL_INTERVAL: the claim made while the worker's
+    # own job holds the key finds nothing, and the job ends before the next poll.
+    task = tasks_flow.overlap.using(concurrency_key="solo")
+    jobs = [int(task.enqueue(marker_dir, "solo", 0.05).id) for _ in range(6)]
+    worker = workers.start(
+        options={"POLL_INTERVAL": 2.0},
+        args=["--queues", "low", "--burst", "--concurrency", "2"],
+    )
+    assert worker.wait(timeout=DRAIN_TIMEOUT) == 0, worker.output
+    assert finished(jobs), Job.objects.filter(pk__in=jobs).exclude(status="succeeded").count()

@@ -42,10 +42,10 @@ FAST_OPTIONS: dict[str, Any] = {
 }
 
 
-IDLE_MAIN_LOOP = ("WITH picked AS", "SELECT CASE WHEN EXISTS", "SELECT EXTRACT(EPOCH FROM LEAST(")
+IDLE_MAIN_LOOP = ("WITH picked AS", "SELECT CASE WHEN EXISTS")
 """The statements an idle main loop's connection ends with (``pg_stat_activity.query``):
-its claim, after an empty claim the check whether a job under flow control is due, and
-(listening) the next-due lookup (``leases.seconds_to_next_due``)."""
+its claim, and after an empty claim the check whether a job under flow control is due
+or (listening) the next-due lookup (``leases.seconds_to_next_due``)."""
 
 
 def wait_until(

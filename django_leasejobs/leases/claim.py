@@ -88,19 +88,20 @@ def claim_round(
     queues: Sequence[str] | None = None,
     using: str = "default",
     flow: FlowRules = NO_RULES,
-    flow_lane: bool = True,
+    main_lane_first: bool = False,
 ) -> ClaimRound:
     """:func:`claim`, and whether flow limits held due jobs back (``ClaimRound``).
 
-    Jobs that obey no limit (the main lane) are claimed in one statement. When the
-    worker's queues have a queue-wide limit, or a job of a flow group is due in them,
-    the claim is the flow claim of ``flow.py`` instead (one transaction under the
-    backend's flow lock), which takes both lanes in claim order.
+    Jobs that obey no limit (the main lane) are claimed in one statement, which takes
+    nothing while a job under flow control is due in the same queues. The flow claim of
+    ``flow.py`` (one transaction under the backend's flow lock) then takes both lanes in
+    claim order; so it does at once when the worker's queues have a queue-wide limit.
 
-    ``flow_lane=False`` claims from the main lane of the queues without a queue-wide
-    limit only, in one statement: for a worker whose last flow claim was held back
-    (``ClaimRound.flow_held``), until a slot may have come free or a rate's window
-    moved on, so that a full limit's backlog does not make every claim a flow claim.
+    ``main_lane_first``: for a worker whose last flow claim held due jobs back
+    (``ClaimRound.flow_held``): first the main lane of the queues without a queue-wide
+    limit, whatever is due under flow control (one statement), and the flow claim only
+    for what that leaves of ``limit``. A full limit's backlog then does not make every
+    claim a flow claim, at the price of the claim order between the two lanes.
     """
     if limit <= 0 or (queues is not None and not queues):
         return ClaimRound([])
@@ -109,7 +110,7 @@ def claim_round(
     touches_limited = bool(limited) and (queues is None or bool(limited.intersection(queues)))
     rows: list[tuple[Any, ...]] = []
     held = False
-    if not flow_lane:
+    if main_lane_first:
         open_queues = queues
         if touches_limited and queues is not None:
             open_queues = [q for q in queues if q not in limited]
@@ -117,19 +118,25 @@ def claim_round(
             rows = _claim_main_lane(
                 worker_id, d, limit, lease_duration, backend, open_queues, limited, guard=False
             )
+        flow_claims = len(rows) < limit and (touches_limited or _flow_lane_due(d, backend, queues))
+    elif touches_limited:
+        flow_claims = True
     else:
-        if not touches_limited:
-            rows = _claim_main_lane(worker_id, d, limit, lease_duration, backend, queues)
-        if touches_limited or (not rows and _flow_lane_due(d, backend, queues)):
-            rows, held = flow_claim(
-                worker_id,
-                limit=limit,
-                lease_duration=lease_duration,
-                backend=backend,
-                queues=queues,
-                rules=flow,
-                using=using,
-            )
+        rows = _claim_main_lane(worker_id, d, limit, lease_duration, backend, queues)
+        # Rows claimed: the statement's guard found no job under flow control due.
+        flow_claims = not rows and _flow_lane_due(d, backend, queues)
+    wanted = limit - len(rows)
+    if flow_claims:
+        more, held = flow_claim(
+            worker_id,
+            limit=wanted,
+            lease_duration=lease_duration,
+            backend=backend,
+            queues=queues,
+            rules=flow,
+            using=using,
+        )
+        rows += more
     rows.sort(key=lambda row: (-row[_PRIORITY], row[-1], row[0]))
     return ClaimRound([claimed_job(row[:-1]) for row in rows], flow_held=held)
 

@@ -95,15 +95,23 @@ class Usage:
     """(rate scope, period) -> starts in the last period."""
 
 
-def choose(
-    candidates: Sequence[Candidate], usage: Usage, rules: FlowRules, limit: int
-) -> list[Candidate]:
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """What :func:`choose` decided."""
+
+    taken: list[Candidate]
+    held: bool
+    """A candidate was skipped because a limit was used up (before the claim was full)."""
+
+
+def choose(candidates: Sequence[Candidate], usage: Usage, rules: FlowRules, limit: int) -> Choice:
     """The candidates one claim takes, in claim order: every limit decided here, once.
 
     A candidate is skipped when its queue's limit or rate, its group's concurrency
     limit or its task's rate is used up (counting what this claim took already); once a
     group has a skipped candidate, its later candidates are skipped too.
     """
+    held = False
     taken: list[Candidate] = []
     by_queue: Counter[str] = Counter()
     by_group: Counter[str] = Counter()
@@ -114,6 +122,7 @@ def choose(
             break
         group = job.flow_group
         if group is not None and group in blocked:
+            held = True
             continue
         scopes = _rate_scopes(job, rules)
         if _fits(job, usage, rules, by_queue, by_group, by_scope, scopes):
@@ -123,9 +132,11 @@ def choose(
                 by_group[group] += 1
             for scope in scopes:
                 by_scope[scope[0], scope[1].period] += 1
-        elif group is not None:
-            blocked.add(group)
-    return taken
+        else:
+            held = True
+            if group is not None:
+                blocked.add(group)
+    return Choice(taken, held)
 
 
 def _fits(
@@ -200,29 +211,43 @@ def seconds_to_next_due(
     backend: str, queues: Sequence[str] | None, *, using: str = "default"
 ) -> float | None:
     """Seconds until the earliest pending ``run_after`` in the unpaused ``queues`` (None:
-    every queue) of ``backend``, by the database's clock (0 or negative: due already);
-    None when nothing is pending there. PostgreSQL only (elsewhere 0.0: workers there
-    poll). A job held back by a full limit counts as due: its worker looks again after
-    ``POLL_INTERVAL``, when a slot may have come free."""
+    every queue) of ``backend``, by the database's clock (0: due already); None when
+    nothing is pending there. PostgreSQL only (elsewhere 0.0: workers there poll).
+
+    A job held back by a full limit counts as due: its worker looks again after
+    ``POLL_INTERVAL``, when a slot may have come free. Whether a job is due is asked
+    first (each lane's index gives its first due row at once); only when none is, the
+    earliest ``run_after`` is read. Paused queues are left out of the list before
+    either lane is read, so a paused queue's backlog is not walked.
+    """
     d = dialect(using)
     if d.vendor != "postgresql":
         return 0.0
     if queues is not None and not queues:
         return None
-    lanes = []
-    params: list[Any] = []
-    for lane in ("IS NULL", "IS NOT NULL"):  # one MIN per partial index
-        where = f"j.status = 'pending' AND j.flow_group {lane} AND j.backend = %s"
-        params.append(backend)
-        if queues is not None:
-            where += f" AND j.queue IN ({placeholders(len(queues))})"
-            params.extend(queues)
-        where += f" AND {paused_condition(d, 'j.queue')}"
-        params.append(backend)
-        lanes.append(f"(SELECT MIN(j.run_after) FROM {d.jobs} AS j WHERE {where})")  # noqa: S608 - identifiers quoted, values bound
-    earliest = f"LEAST({', '.join(lanes)})"
+    if queues is None:
+        in_queues = f"AND {paused_condition(d, 'j.queue')}"
+        queue_params: list[Any] = [backend]
+    else:
+        table = d.q(Queue._meta.db_table)
+        in_queues = (
+            "AND j.queue = ANY(ARRAY(SELECT q.name FROM unnest(%s::text[]) AS q(name) "  # noqa: S608 - identifiers quoted, values bound
+            f"WHERE NOT EXISTS (SELECT 1 FROM {table} AS qs WHERE qs.backend = %s "
+            "AND qs.name = q.name AND qs.paused = TRUE)))"
+        )
+        queue_params = [list(queues), backend]
+    due, earliest = [], []
+    for lane in ("IS NULL", "IS NOT NULL"):  # one partial index each
+        where = f"j.status = 'pending' AND j.flow_group {lane} AND j.backend = %s {in_queues}"
+        due.append(f"EXISTS (SELECT 1 FROM {d.jobs} AS j WHERE {where} AND j.run_after <= {d.now})")  # noqa: S608 - identifiers quoted, values bound
+        earliest.append(f"(SELECT MIN(j.run_after) FROM {d.jobs} AS j WHERE {where})")  # noqa: S608 - identifiers quoted, values bound
+    params = [backend, *queue_params] * 4
+    sql = (
+        f"SELECT CASE WHEN {' OR '.join(due)} THEN 0 ELSE "  # noqa: S608 - identifiers quoted, values bound
+        f"EXTRACT(EPOCH FROM LEAST({', '.join(earliest)}) - statement_timestamp()) END"
+    )
     with connections[using].cursor() as cursor:
-        cursor.execute(f"SELECT EXTRACT(EPOCH FROM {earliest} - statement_timestamp())", params)  # noqa: S608 - identifiers quoted, values bound
+        cursor.execute(sql, params)
         row = cursor.fetchone()
     return None if row is None or row[0] is None else float(row[0])
 
@@ -267,8 +292,9 @@ def flow_claim(
                 running_by_group=running.by_group,
                 starts=_starts(cursor, d, backend, windows),
             )
-            chosen = choose(candidates, usage, rules, limit)
-            held = held or len(chosen) < min(limit, len(candidates))
+            choice = choose(candidates, usage, rules, limit)
+            held = held or choice.held
+            chosen = choice.taken
             if not chosen:
                 return [], held
             rows = claim_rows(cursor, d, worker_id, [c.id for c in chosen], lease_duration)
@@ -441,6 +467,9 @@ def _flow_lane(
     if not crowded or _room(found, running, full) >= limit:
         return found
     seen = {c.id for c in found}
+    # The recursive scan's estimated cost can pass jit_above_cost: compiling it would
+    # cost more (tens of milliseconds) than running it. For this transaction only.
+    cursor.execute("SET LOCAL jit = off")
     more = _flow_lane_by_group(cursor, d, backend, crowded, limit, sorted(full))
     return found + [c for c in more if c.id not in seen]
 

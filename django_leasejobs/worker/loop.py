@@ -200,9 +200,9 @@ class Worker:
         self._claim_wanted = True
         self._last_claimed: int | None = None
         self._flow_held_until = 0.0
-        """Until then (monotonic), claims take only jobs that obey no limit: the last flow
-        claim found its due jobs held back by full limits (``leases.claim_round``); a slot
-        or a rate's window is looked at again after ``POLL_INTERVAL``."""
+        """Until then (monotonic), claims take jobs that obey no limit first, and make a
+        flow claim only for the slots those leave: the last flow claim found due jobs
+        held back by full limits (``leases.claim_round``)."""
         self.listening = False
         """The listener's ``LISTEN`` is active (set by the listener thread): NOTIFY wakes
         this worker, so when idle it polls only every ``IDLE_POLL_INTERVAL`` and when the
@@ -609,7 +609,7 @@ class Worker:
             queues=self.queues,
             lease_duration=self.options.lease_duration,
             flow=self.options.flow,
-            flow_lane=now >= self._flow_held_until,
+            main_lane_first=now < self._flow_held_until,
         )
         future = self._db.submit(self._run_round, plan, ctx)
         future.add_done_callback(lambda _: self.wake())  # runs once done() is true

@@ -103,8 +103,8 @@ class RoundContext:
     queues: Sequence[str] | None
     lease_duration: float
     flow: FlowRules = field(default_factory=FlowRules)
-    flow_lane: bool = True
-    """False: claim only jobs that obey no limit (``leases.claim_round``)."""
+    main_lane_first: bool = False
+    """Claim jobs that obey no limit first (``leases.claim_round``)."""
 
 
 MYSQL_CLIENT_ERRORS = range(2000, 3000)
@@ -254,7 +254,7 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
             backend=ctx.backend,
             queues=ctx.queues,
             flow=ctx.flow,
-            flow_lane=ctx.flow_lane,
+            main_lane_first=ctx.main_lane_first,
             using=using,
         )
         result.claimed, result.flow_held = claimed.jobs, claimed.flow_held
