@@ -111,35 +111,11 @@ KINDS = ("unlimited", "keyed")
 LEASE_SECONDS = 300.0
 NEXT_DUE_CALLS = 20
 
-TASK_MODULE = "flow_bench_tasks"
-SETTINGS_MODULE = "flow_bench_settings"
+SHIM = "flow_bench"
+"""The shim (``bench/shim.py``) the bench's processes import: settings and a no-op task."""
+SETTINGS_MODULE, TASK_MODULE = f"{SHIM}_settings", f"{SHIM}_tasks"
 TASK_PATH = f"{TASK_MODULE}.noop"
 
-SHIM_SETTINGS = """\
-from testproject.settings import *  # noqa: F403
-
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": "WARNING"},
-    "loggers": {
-        "django_leasejobs": {"handlers": ["console"], "level": "WARNING", "propagate": False},
-    },
-}
-TASKS["default"]["OPTIONS"]["SCHEDULES"] = {}  # noqa: F405
-TASKS["default"]["OPTIONS"]["IMPORTS"] = ["flow_bench_tasks"]  # noqa: F405
-"""
-
-SHIM_TASKS = """\
-from django_leasejobs import task
-
-
-@task
-def noop():
-    return None
-"""
 
 SMOKE = {
     "backlog": 5000,
@@ -562,8 +538,9 @@ class Bench:
         self.url = url
         self.statements = statements
         self.shim = Path(tempfile.mkdtemp(prefix="leasejobs-flow-"))
-        (self.shim / f"{SETTINGS_MODULE}.py").write_text(SHIM_SETTINGS)
-        (self.shim / f"{TASK_MODULE}.py").write_text(SHIM_TASKS)
+        import shim  # (bench/, beside this script)
+
+        shim.write(self.shim, SHIM)
         self.repo = args.repo.resolve()
         paths = [str(self.shim), str(self.repo / "testproject"), str(self.repo)]
         self.env = {

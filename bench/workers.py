@@ -72,34 +72,10 @@ MARK = "leasejobs-bench workers.py"
 GOALS = {8: 0.85, 16: 0.7}
 """Worker count -> the least drain rate, as a fraction of one worker's (issue 16)."""
 
-TASK_MODULE = "workers_bench_tasks"
-SETTINGS_MODULE = "workers_bench_settings"
+SHIM = "workers_bench"
+"""The shim (``bench/shim.py``) the bench's processes import: settings and a no-op task."""
+SETTINGS_MODULE, TASK_MODULE = f"{SHIM}_settings", f"{SHIM}_tasks"
 
-SHIM_SETTINGS = """\
-from testproject.settings import *  # noqa: F403
-
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": "WARNING"},
-    "loggers": {
-        "django_leasejobs": {"handlers": ["console"], "level": "WARNING", "propagate": False},
-    },
-}
-TASKS["default"]["OPTIONS"]["SCHEDULES"] = {}  # noqa: F405
-TASKS["default"]["OPTIONS"]["IMPORTS"] = ["workers_bench_tasks"]  # noqa: F405
-"""
-
-SHIM_TASKS = """\
-from django_leasejobs import task
-
-
-@task
-def noop():
-    return None
-"""
 
 ENQUEUE = """\
 import sys
@@ -423,8 +399,9 @@ class Bench:
         self.url = with_database(admin_url, args.db_name)
         self.manage = args.repo.resolve() / "testproject" / "manage.py"
         self.shim = Path(tempfile.mkdtemp(prefix="leasejobs-workers-"))
-        (self.shim / f"{SETTINGS_MODULE}.py").write_text(SHIM_SETTINGS)
-        (self.shim / f"{TASK_MODULE}.py").write_text(SHIM_TASKS)
+        import shim  # (bench/, beside this script)
+
+        shim.write(self.shim, SHIM)
         self.env = {
             **os.environ,
             "DATABASE_URL": self.url,
