@@ -4,18 +4,10 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from django_leasejobs import task
-
-
-def _append(marker_dir: str, name: str, text: str) -> None:
-    fd = os.open(Path(marker_dir) / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (text + "\n").encode())
-    finally:
-        os.close(fd)
+from tests.tasks_worker_flow import _append
 
 
 @task(concurrency_limit=2)

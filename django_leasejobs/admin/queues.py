@@ -188,17 +188,7 @@ class QueueAdmin(FilterSafeAdmin):
     list_display_links = ("name",)
     search_fields = ("name",)
     actions = ("pause_queues", "resume_queues")
-    fields = (
-        "name",
-        "backend",
-        "state",
-        "paused_since",
-        "queue_limit",
-        "rate_limit",
-        "pending",
-        "ready",
-        "changed_at",
-    )
+    fields = (*list_display, "changed_at")
     readonly_fields = fields
 
     class Media:
