@@ -14,9 +14,9 @@ Everything else is claimed here, by :func:`flow_claim`, in ONE transaction that:
    expired lease, frees it, with nothing to clean up), and the starts of each rate's
    window;
 3. reads the candidates: each queue's first pending jobs in claim order (the main
-   lane, as many as the queue may still start), and each flow group's first pending
-   jobs (the flow lane, through ``leasejobs_job_flow_idx`` on PostgreSQL, group by
-   group, so a full group's backlog is never walked);
+   lane, as many as the queue may still start), and the flow lane's (``_flow_lane``:
+   on PostgreSQL a window in claim order, then, only when full groups crowd it, each
+   group that is not full by a skip scan, so a full group's backlog is never walked);
 4. chooses in claim order (:func:`choose`): a candidate is skipped, never waited on,
    when a limit it obeys is used up, and every later candidate of its group with it,
    so the claim order within a group is kept;
@@ -263,8 +263,8 @@ def flow_claim(
     using: str,
 ) -> tuple[list[tuple[Any, ...]], bool]:
     """Claim up to ``limit`` jobs of both lanes under the flow lock (see the module
-    docstring); return the claimed rows (``claim.RETURNING``) and whether a limit held
-    a due job back while the claim had room for it."""
+    docstring); return the claimed rows (``claim.RETURNING``) and whether a limit held a
+    due job back (a candidate skipped, or a queue at its limit)."""
     from .claim import claim_rows  # (claim.py calls this module)
 
     d = dialect(using)
