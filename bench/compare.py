@@ -22,7 +22,12 @@ Measurements (each round measures every system in turn; tables show medians of r
 4. recovery: SIGKILL the worker running a job; seconds until the job starts again;
 5. claim: the worker's own claim step, in-process, on an empty table and with
    1,000,000 finished rows;
-6. memory: resident set size of the worker process, idle and after many jobs.
+6. memory: resident set size of the worker process, idle and after many jobs;
+7. ceiling: this project against what the machine can do, in one interleaved loop: the
+   Python floor (one psycopg 3 process that claims 64 jobs with ``SKIP LOCKED``, decodes
+   their arguments, calls a no-op and completes the batch in one UPDATE) against this
+   project's drain, and a bare psycopg ``INSERT ... RETURNING`` of the same row (one
+   transaction each) against ``enqueue()``.
 
 Targets are printed as met / NOT MET and never change the exit status: it is non-zero
 only when something broke (a worker did not start, a drain timed out). See
@@ -65,7 +70,7 @@ MARKER = "leasejobs-compare"  # database comment prefix: this database belongs t
 
 SYSTEM_KEYS = ("leasejobs", "tasksdb", "ox")
 SYSTEM_NAMES = {"leasejobs": "django-leasejobs", "tasksdb": "django-tasks-db", "ox": "django-ox"}
-MEASUREMENTS = ("enqueue", "drain", "latency", "recovery", "memory", "claim")
+MEASUREMENTS = ("enqueue", "drain", "latency", "recovery", "memory", "claim", "ceiling")
 
 FULL_SIZES = {
     "rounds": 3,
@@ -106,6 +111,9 @@ TARGET_LATENCY_P99_MS = 50.0
 TARGET_CLAIM_GROWTH = 2.0
 TARGET_IDLE_RSS_MB = 100.0
 TARGET_RSS_GROWTH = 0.10
+TARGET_DRAIN_VS_FLOOR = 0.33
+TARGET_ENQUEUE_VS_INSERT = 0.8
+FLOOR_BATCH = 64
 
 
 class BenchError(Exception):
@@ -1078,6 +1086,139 @@ def measure_memory(ctx: Context) -> None:
     )
 
 
+# -- 7. ceiling -------------------------------------------------------------------------
+
+FLOOR_CLAIM = """
+WITH picked AS (
+    SELECT id FROM leasejobs_job
+    WHERE status = 'pending' AND flow_group IS NULL AND backend = %s AND queue = %s
+        AND run_after <= statement_timestamp()
+    ORDER BY priority DESC, run_after, id LIMIT %s FOR UPDATE SKIP LOCKED
+)
+UPDATE leasejobs_job AS j SET status = 'running', attempt = j.attempt + 1, locked_by = 'floor',
+    locked_until = statement_timestamp() + interval '30 seconds',
+    started_at = statement_timestamp()
+FROM picked WHERE j.id = picked.id RETURNING j.id, j.args, j.kwargs
+"""
+FLOOR_COMPLETE = """
+UPDATE leasejobs_job SET status = 'succeeded', result = 'null'::jsonb,
+    finished_at = statement_timestamp(), locked_by = NULL, locked_until = NULL
+WHERE id = ANY(%s)
+"""
+BARE_INSERT = """
+INSERT INTO leasejobs_job (backend, queue, task_path, args, kwargs, priority, max_attempts,
+    max_stalls, status, attempt, stall_count, snoozes, last_worker, cancel_requested,
+    progress_message, last_error, enqueued_at, run_after)
+VALUES (%s, %s, %s, %s, %s, 0, 3, 3, 'pending', 0, 0, 0, '', FALSE, '', '',
+    statement_timestamp(), statement_timestamp())
+RETURNING id
+"""
+
+
+def _raw_connection() -> Any:
+    """A plain psycopg 3 connection to the bench database (its defaults: server-side
+    binding, statements prepared after five runs), in autocommit."""
+    import psycopg
+    from django.db import connection
+
+    params = connection.get_connection_params()
+    wanted = ("dbname", "user", "password", "host", "port")
+    return psycopg.connect(**{k: params[k] for k in wanted if params.get(k)}, autocommit=True)
+
+
+def floor_drain(backend: str, queue: str) -> dict[str, Any]:
+    """The Python floor: drain the pending jobs of ``queue`` in batches of ``FLOOR_BATCH``,
+    one claim and one completion per batch, each job's arguments decoded and a no-op
+    called with them."""
+
+    def noop(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    done = 0
+    with _raw_connection() as conn:
+        started = time.perf_counter()
+        while True:
+            rows = conn.execute(FLOOR_CLAIM, [backend, queue, FLOOR_BATCH]).fetchall()
+            if not rows:
+                break
+            for _job_id, args, kwargs in rows:  # jsonb: decoded by psycopg
+                noop(*args, **kwargs)
+            conn.execute(FLOOR_COMPLETE, [[row[0] for row in rows]])
+            done += len(rows)
+        seconds = time.perf_counter() - started
+    return {"jobs": done, "seconds": seconds, "jobs_per_s": done / seconds if seconds else None}
+
+
+def bare_inserts(backend: str, queue: str, task_path: str, jobs: int) -> dict[str, Any]:
+    """A bare psycopg ``INSERT ... RETURNING`` of a no-op job's row, one transaction each."""
+    with _raw_connection() as conn:
+        started = time.perf_counter()
+        for _ in range(jobs):
+            conn.execute(BARE_INSERT, [backend, queue, task_path, "[]", "{}"]).fetchone()
+        seconds = time.perf_counter() - started
+    return {"jobs": jobs, "seconds": seconds, "per_s": jobs / seconds}
+
+
+def single_enqueues(system: System, jobs: int) -> dict[str, Any]:
+    task = system.task("noop")
+    started = time.perf_counter()
+    for _ in range(jobs):
+        system.enqueue(task)
+    seconds = time.perf_counter() - started
+    return {"jobs": jobs, "seconds": seconds, "per_s": jobs / seconds}
+
+
+def measure_ceiling(ctx: Context) -> None:
+    """This project's drain and single enqueue beside the Python floor and a bare INSERT,
+    round by round, the four in a rotating order (this project only)."""
+    system = ctx.system("leasejobs")
+    if system is None:
+        print("  (leasejobs not among --systems: nothing to compare)")
+        return
+    task = system.task("noop")
+    fleets = system.drain_fleets()
+    jobs = ctx.args.jobs
+
+    def floor() -> dict[str, Any]:
+        truncate([system])
+        system.bulk_enqueue(task, jobs)
+        vacuum_analyze(system)
+        figures = floor_drain(task.backend, task.queue_name)
+        truncate([system])
+        if figures["jobs"] != jobs:
+            raise BenchError(f"the floor drained {figures['jobs']} of {jobs} jobs")
+        return figures
+
+    def bare() -> dict[str, Any]:
+        truncate([system])
+        figures = bare_inserts(task.backend, task.queue_name, task.module_path, jobs)
+        truncate([system])
+        return figures
+
+    def enqueue() -> dict[str, Any]:
+        truncate([system])
+        figures = single_enqueues(system, jobs)
+        truncate([system])
+        return figures
+
+    steps: list[tuple[str, Callable[[], dict[str, Any]], Callable[[dict[str, Any]], str]]] = [
+        ("python floor drain", floor, lambda f: f"{fmt_rate(f['jobs_per_s'])} jobs/s"),
+        ("bare INSERT", bare, lambda f: f"{fmt_rate(f['per_s'])}/s"),
+        ("single enqueue()", enqueue, lambda f: f"{fmt_rate(f['per_s'])}/s"),
+    ]
+    for fleet in fleets:
+        steps.append(
+            (
+                f"drain, {fleet.label}",
+                lambda fleet=fleet: drain_once(ctx, system, fleet, jobs),
+                lambda f: f"{fmt_rate(f['jobs_per_s'])} jobs/s ({f['seconds']:.1f} s)",
+            )
+        )
+    for round_no in range(1, ctx.args.rounds + 1):
+        for label, run_step, describe in rotated(steps, round_no - 1):
+            ctx.attempt("ceiling", system, label, round_no, run_step, describe)
+
+
 MEASURE: dict[str, Callable[[Context], None]] = {
     "enqueue": measure_enqueue,
     "drain": measure_drain,
@@ -1085,6 +1226,7 @@ MEASURE: dict[str, Callable[[Context], None]] = {
     "recovery": measure_recovery,
     "memory": measure_memory,
     "claim": measure_claim,
+    "ceiling": measure_ceiling,
 }
 
 
@@ -1428,6 +1570,57 @@ def memory_row(row: dict[str, Any], idle_key: str, after_key: str, jobs: int) ->
     ]
 
 
+def summarize_ceiling(ctx: Context) -> Section:
+    rows = ctx.rows("ceiling")
+    floor = med(find_row(rows, "leasejobs", "python floor drain"), "jobs_per_s")
+    bare = med(find_row(rows, "leasejobs", "bare INSERT"), "per_s")
+    single = med(find_row(rows, "leasejobs", "single enqueue()"), "per_s")
+    table = [
+        ["Python floor: claim 64, decode, no-op, complete 64", fmt_rate(floor), "reference"],
+    ]
+    drains = {}
+    for row in rows:
+        if row["row"].startswith("drain, "):
+            rate = med(row, "jobs_per_s")
+            drains[row["row"]] = rate
+            table.append([row["row"], fmt_rate(rate), fmt_ratio(ratio(rate, floor))])
+    table += [
+        ["bare psycopg INSERT ... RETURNING, one transaction each", fmt_rate(bare), "reference"],
+        [
+            "single `enqueue()`, one transaction each",
+            fmt_rate(single),
+            fmt_ratio(ratio(single, bare)),
+        ],
+    ]
+    primary = f"drain, {lj_primary(ctx)}"
+    drain_ratio = ratio(drains.get(primary), floor)
+    enqueue_ratio = ratio(single, bare)
+    return Section(
+        "Ceiling: this project against the machine",
+        f"{ctx.args.jobs:,} no-op jobs per step; the steps of a round in a rotating order, "
+        f"median of {ctx.args.rounds} round(s). The Python floor is one process with psycopg 3 "
+        f"(its defaults): claim {FLOOR_BATCH} jobs with `FOR UPDATE SKIP LOCKED`, decode their "
+        "arguments, call a no-op with them, complete the batch in one UPDATE, until none is "
+        "left. The bare INSERT writes the same row `enqueue()` writes, with the same indexes, "
+        "in autocommit. The drains are those of the drain measurement (one warmed-up worker, "
+        "four executors, clock from the COMMIT).",
+        ["what", "jobs/s", "÷ its reference"],
+        table,
+        targets=[
+            Target(
+                f"drain (process pool) ≥ {TARGET_DRAIN_VS_FLOOR}x the Python floor",
+                fmt_ratio(drain_ratio),
+                at_least(drain_ratio, TARGET_DRAIN_VS_FLOOR),
+            ),
+            Target(
+                f"single enqueue ≥ {TARGET_ENQUEUE_VS_INSERT}x the bare INSERT",
+                fmt_ratio(enqueue_ratio),
+                at_least(enqueue_ratio, TARGET_ENQUEUE_VS_INSERT),
+            ),
+        ],
+    )
+
+
 SUMMARIZE: dict[str, Callable[[Context], Section]] = {
     "enqueue": summarize_enqueue,
     "drain": summarize_drain,
@@ -1435,6 +1628,7 @@ SUMMARIZE: dict[str, Callable[[Context], Section]] = {
     "recovery": summarize_recovery,
     "memory": summarize_memory,
     "claim": summarize_claim,
+    "ceiling": summarize_ceiling,
 }
 
 

@@ -192,6 +192,26 @@ def test_latency_claim_and_memory_targets(tmp_path: Path) -> None:
     assert memory.rows[0][2:] == ["60.0 MB", "67.0 MB", "+11.7 %", "80.0 MB"]
 
 
+def test_ceiling_ratios_against_the_floor_and_the_bare_insert(tmp_path: Path) -> None:
+    ctx = make_context(tmp_path)
+    record(ctx, "ceiling", "leasejobs", "python floor drain", {"jobs_per_s": 30_000.0})
+    record(ctx, "ceiling", "leasejobs", "bare INSERT", {"per_s": 4_000.0})
+    record(ctx, "ceiling", "leasejobs", "single enqueue()", {"per_s": 3_000.0})
+    record(ctx, "ceiling", "leasejobs", "drain, process pool", {"jobs_per_s": 10_500.0})
+    record(ctx, "ceiling", "leasejobs", "drain, thread pool", {"jobs_per_s": 6_000.0})
+    section = compare.summarize_ceiling(ctx)
+    assert verdicts(section) == ["met", "NOT MET"]  # 0.35x the floor; 0.75x the INSERT
+    assert [row[2] for row in section.rows] == ["reference", "0.35x", "0.20x", "reference", "0.75x"]
+    record(ctx, "ceiling", "leasejobs", "single enqueue()", {"per_s": 3_500.0}, {"per_s": 3_300.0})
+    assert verdicts(compare.summarize_ceiling(ctx)) == ["met", "met"]  # median 3,300: 0.82x
+
+
+def test_ceiling_is_not_measured_without_its_references(tmp_path: Path) -> None:
+    ctx = make_context(tmp_path)
+    record(ctx, "ceiling", "leasejobs", "drain, process pool", {"jobs_per_s": 10_500.0})
+    assert verdicts(compare.summarize_ceiling(ctx)) == ["not measured", "not measured"]
+
+
 def test_recovery_cells_say_when_a_job_never_ran_again() -> None:
     def row(*seconds: float | None) -> dict[str, Any]:
         return {"rounds": [{"seconds": s, "cap": 120.0} for s in seconds]}
