@@ -68,7 +68,7 @@ def build_data(seed: int) -> dict[str, int]:
     from django.db.models.functions import Now
 
     from django_leasejobs import leases
-    from django_leasejobs.models import Job, JobStatus, Worker, WorkerState
+    from django_leasejobs.models import Job, JobStatus, Queue, Worker, WorkerState
 
     call_command("migrate", verbosity=0)
     get_user_model().objects.create_superuser(USERNAME, "admin@example.com", PASSWORD)
@@ -230,7 +230,16 @@ def build_data(seed: int) -> dict[str, int]:
     Worker.objects.filter(pk="web-3:1999:aa01").update(
         started_at=ago(hours=5), last_seen_at=ago(minutes=22), stopped_at=ago(minutes=22)
     )
-    return {"flaky": flaky.pk, "dead": poison[0].pk}
+    # Flow control: one sync per customer at a time (the second one waits for the first),
+    # and the "low" queue paused by an operator a few minutes ago.
+    sync = {"task_path": "demo.tasks.sync_customer", "flow_group": "key:customer-7"}
+    first = Job.objects.create(**sync, args=[7], concurrency_limit=1, priority=100)
+    (claimed,) = leases.claim("web-1:2817:9f3a", limit=1, lease_duration=40, queues=["default"])
+    expect(claimed.id == first.pk, "the first sync of customer 7 is claimed")
+    waiting = Job.objects.create(**sync, args=[7], concurrency_limit=1, priority=10)
+    Queue.objects.create(backend="default", name="low", paused=True)
+    Queue.objects.filter(name="low").update(paused_at=ago(minutes=7))
+    return {"flaky": flaky.pk, "dead": poison[0].pk, "waiting": waiting.pk}
 
 
 # -- server -------------------------------------------------------------------------------
@@ -328,6 +337,13 @@ def take_screenshots(url: str, ids: dict[str, int], out: Path) -> list[Path]:
         page.goto(f"{url}/admin/django_leasejobs/job/{ids['flaky']}/change/")
         page.locator("#attempts-group details").first.evaluate("d => d.open = true")
         shot(page, "admin-job-detail.png")
+
+        page.goto(f"{url}/admin/django_leasejobs/job/{ids['waiting']}/change/")
+        shot(page, "admin-job-waiting.png", full_page=False)
+
+        page.goto(f"{url}/admin/django_leasejobs/queue/")
+        fits(page, "queue list")
+        shot(page, "admin-queues.png", full_page=False)
 
         page.goto(f"{url}/admin/django_leasejobs/worker/")
         fits(page, "worker list")
