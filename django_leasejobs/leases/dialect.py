@@ -96,6 +96,32 @@ class Dialect:
         return ", ".join([row] * rows)
 
 
+def hot_cursor(using: str) -> Any:
+    """A cursor for a statement that runs again and again with the same SQL (an enqueue).
+
+    On PostgreSQL through psycopg 3, when the alias allows prepared statements (Django's
+    ``DATABASES[alias]["OPTIONS"]["prepare_threshold"]``, off by default so that
+    connection poolers keep working), a server-side binding cursor: psycopg prepares
+    the statement once it ran ``prepare_threshold`` times, and the server no longer
+    parses and plans it at each run. Otherwise, and elsewhere, Django's own cursor. Both
+    are wrapped by Django (execute wrappers, query logging).
+    """
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        connection.ensure_connection()
+        raw = connection.connection
+        if getattr(raw, "prepare_threshold", None) is not None:
+            from django.db.backends.postgresql.base import ServerBindingCursor
+
+            connection.validate_thread_sharing()
+            factory: Any = ServerBindingCursor  # (django-stubs types it without arguments)
+            cursor = factory(raw)
+            if connection.queries_logged:
+                return connection.make_debug_cursor(cursor)
+            return connection.make_cursor(cursor)
+    return connection.cursor()
+
+
 def placeholders(count: int) -> str:
     return ", ".join(["%s"] * count)
 

@@ -12,7 +12,7 @@ from typing import Any
 from django.db import connections
 
 from ..models import Job, JobStatus
-from .dialect import dialect, placeholders
+from .dialect import dialect, hot_cursor, placeholders
 from .values import NewJob
 
 _INSERT_COLUMNS = (
@@ -98,10 +98,11 @@ def insert_job(job: NewJob, *, notify: str, using: str = "default") -> tuple[int
     """Insert one pending job and ``pg_notify(notify, queue)`` in ONE statement.
 
     Returns the new id and its ``enqueued_at``. The notification is delivered when the
-    surrounding transaction commits (at once in autocommit), like any NOTIFY.
+    surrounding transaction commits (at once in autocommit), like any NOTIFY. Prepared
+    once the alias allows it (``dialect.hot_cursor``).
     """
     params = [*_job_values(job)[:_VARIABLE_COLUMNS], job.run_after, notify, job.queue]
-    with connections[using].cursor() as cursor:
+    with hot_cursor(using) as cursor:
         cursor.execute(_insert_notify_sql(using), params)
         job_id, enqueued_at, _ = cursor.fetchone()
     return int(job_id), enqueued_at
