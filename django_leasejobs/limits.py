@@ -15,11 +15,8 @@ from typing import Any
 
 PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 """The periods a rate may name, in seconds."""
-LONGEST_PERIOD = max(PERIODS.values())
 MAX_RATE_COUNT = 1_000_000
 """More starts than this per period is no limit: refused as a mistake."""
-MAX_RATE_TEXT = 16
-"""Longest rate text (``Job.rate_limit``'s length)."""
 _RATE = re.compile(r"([0-9]+)/([smh])")
 
 KEY_GROUP = "key:"
@@ -81,9 +78,6 @@ class FlowRules:
     """Queue name -> most running jobs of that queue (``QUEUE_LIMITS``)."""
     queue_rates: Mapping[str, Rate] = field(default_factory=dict)
     """Queue name -> most job starts per period (``QUEUE_RATE_LIMITS``)."""
-
-    def limits_queue(self, queue: str) -> bool:
-        return queue in self.queue_limits or queue in self.queue_rates
 
     @property
     def limited_queues(self) -> frozenset[str]:

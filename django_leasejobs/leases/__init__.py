@@ -41,7 +41,7 @@ from .enqueue import (
     notify,
 )
 from .finish import complete, complete_many, fail, fail_many, mark_cancelled, release
-from .flow import paused_queues, seconds_to_next_due
+from .flow import seconds_to_next_due
 from .operator import backend_database, cancel, retry
 from .reap import find_stale, reap
 from .renew import renew, save_checkpoint, set_progress
@@ -107,7 +107,6 @@ __all__ = [
     "insert_job",
     "mark_cancelled",
     "notify",
-    "paused_queues",
     "portable_path",
     "reap",
     "release",

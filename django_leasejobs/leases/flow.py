@@ -174,15 +174,6 @@ def _rate_scopes(job: Candidate, rules: FlowRules) -> list[tuple[str, Rate]]:
     return scopes
 
 
-def paused_queues(backend: str, *, using: str = "default") -> frozenset[str]:
-    """The paused queues of ``backend`` (``leasejobs_queue``)."""
-    return frozenset(
-        Queue.objects.using(using)
-        .filter(backend=backend, paused=True)
-        .values_list("name", flat=True)
-    )
-
-
 def paused_condition(d: Dialect, queue_sql: str) -> str:
     """SQL true when the queue ``queue_sql`` of backend ``%s`` (one parameter) is not paused."""
     table = d.q(Queue._meta.db_table)
