@@ -8,11 +8,13 @@ which names the package to install, instead of a bare ``ModuleNotFoundError``.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import TYPE_CHECKING
 
 import django
 from django.core.exceptions import ImproperlyConfigured
+from django.dispatch import Signal
 
 
 class MissingTasksBackport(ImproperlyConfigured, ImportError):
@@ -47,8 +49,16 @@ if TYPE_CHECKING or django.VERSION >= (6, 0):  # type checkers: Django 6 (django
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskError
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-    from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.tasks.signals import (
+        log_task_enqueued,
+        log_task_finished,
+        log_task_started,
+        task_enqueued,
+        task_finished,
+        task_started,
+    )
 
+    TASKS_LOGGER = "django.tasks"
     USING_BACKPORT = False
 else:  # Django 5.2 with the django-tasks backport
     try:
@@ -71,7 +81,16 @@ else:  # Django 5.2 with the django-tasks backport
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskError
     from django_tasks.exceptions import TaskResultDoesNotExist
-    from django_tasks.signals import task_enqueued, task_finished, task_started
+    from django_tasks.signals import (
+        log_task_enqueued,
+        log_task_finished,
+        log_task_started,
+        task_enqueued,
+        task_finished,
+        task_started,
+    )
+
+    TASKS_LOGGER = "django_tasks"
 
     # The backport calls it InvalidTaskError up to 0.12 and InvalidTask (Django 6's
     # name) on its main branch: take whichever this release has.
@@ -81,9 +100,38 @@ else:  # Django 5.2 with the django-tasks backport
 
     USING_BACKPORT = True
 
+_OWN_LOG_RECEIVERS = {
+    id(task_enqueued): id(log_task_enqueued),
+    id(task_started): id(log_task_started),
+    id(task_finished): id(log_task_finished),
+}
+
+
+def has_other_receivers(signal: Signal) -> bool:
+    """Whether ``signal`` (``task_enqueued``, ``task_started`` or ``task_finished``) has a
+    receiver besides django.tasks' own log receiver."""
+    own = _OWN_LOG_RECEIVERS.get(id(signal))
+    # A receiver's lookup key starts with id(function) (a pair for a bound method).
+    return any(entry[0][0] != own for entry in signal.receivers)
+
+
+def must_send(signal: Signal, level: int) -> bool:
+    """Whether sending ``signal`` could have any effect: a receiver of the site's, or
+    django.tasks' own log receiver with its logger on for ``level`` (the level that
+    receiver would log this result at).
+
+    Building the ``TaskResult`` a task signal carries costs more than the rest of a short
+    job's bookkeeping; with nobody to read it, the worker and ``enqueue()`` skip it.
+    """
+    if has_other_receivers(signal):
+        return True
+    return bool(signal.receivers) and logging.getLogger(TASKS_LOGGER).isEnabledFor(level)
+
+
 __all__ = [
     "DEFAULT_TASK_BACKEND_ALIAS",
     "DEFAULT_TASK_QUEUE_NAME",
+    "TASKS_LOGGER",
     "TASK_MAX_PRIORITY",
     "TASK_MIN_PRIORITY",
     "USING_BACKPORT",
@@ -96,6 +144,11 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "has_other_receivers",
+    "log_task_enqueued",
+    "log_task_finished",
+    "log_task_started",
+    "must_send",
     "task",
     "task_backends",
     "task_enqueued",

@@ -110,3 +110,18 @@ if os.environ.get("LEASEJOBS_TEST_TASKS"):
     import json
 
     TASKS = {**TASKS, **json.loads(os.environ["LEASEJOBS_TEST_TASKS"])}
+
+# django.tasks' own log receivers (task_started, task_finished) print on stderr at this
+# level in a subprocess (tests/test_task_signal_costs.py). Django 6 names the logger
+# "django.tasks", the backport "django_tasks".
+if os.environ.get("LEASEJOBS_TEST_TASKS_LOG_LEVEL"):
+    _TASKS_LOG_LEVEL = os.environ["LEASEJOBS_TEST_TASKS_LOG_LEVEL"]
+    LOGGING = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+        "loggers": {
+            name: {"handlers": ["stderr"], "level": _TASKS_LOG_LEVEL, "propagate": False}
+            for name in ("django.tasks", "django_tasks")
+        },
+    }

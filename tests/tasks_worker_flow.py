@@ -110,3 +110,22 @@ def wait_for_gate(context: Any, marker_dir: str, name: str, timeout: float = 60.
             raise TimeoutError(f"{gate} never appeared")
         time.sleep(0.02)
     return "gate opened"
+
+
+@task
+def gate_plain(marker_dir: str, name: str, timeout: float = 60.0) -> str:
+    """``wait_for_gate`` without a context (a pool test builds no TaskResult for it)."""
+    _append(marker_dir, f"{name}.started", str(os.getpid()))
+    gate = Path(marker_dir) / f"{name}.gate"
+    deadline = time.monotonic() + timeout
+    while not gate.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{gate} never appeared")
+        time.sleep(0.02)
+    return "gate opened"
+
+
+@task
+def blob(size: int) -> str:
+    """A result of ``size`` characters (larger than a pipe's buffer when asked)."""
+    return "x" * size

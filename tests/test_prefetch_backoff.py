@@ -23,6 +23,7 @@ from django_leasejobs.worker.loop import (
     Worker,
     WorkerConfig,
 )
+from django_leasejobs.worker.pools import Room
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,8 +85,9 @@ def test_a_give_back_divides_the_prefetch_limit(worker: Worker) -> None:
 def test_prompt_starts_regrow_the_limit_up_to_prefetch(worker: Worker) -> None:
     worker._prefetch_limit = 1.0
     submitted: list[int] = []
-    worker.pool.free_slots = lambda: 1  # type: ignore[method-assign]
-    worker.pool.submit = lambda spec: submitted.append(spec.job.id)  # type: ignore[method-assign]
+    # One slot with room for everything (the slot's batches are counted job by job).
+    worker.pool.rooms = lambda depth: [Room(0, 10_000, True)]  # type: ignore[method-assign]
+    worker.pool.submit = lambda slot, specs: submitted.extend(s.job.id for s in specs)  # type: ignore[method-assign]
     prefetched(worker, 16, waited=0.0)
     worker._dispatch_ready()
     assert len(submitted) == 16

@@ -38,16 +38,16 @@ def batched(
     returning: Sequence[str] = (),
 ) -> tuple[Rows, frozenset[Lease]]:
     """One statement for every row: ``UPDATE ... AS j SET ... FROM (VALUES ...) AS v``
-    with the fence and the row locks in its WHERE clause, ``RETURNING`` what was
-    written; ``kinds`` names each per-row value and its type, in ``VALUES`` order."""
+    (``Dialect.rows_from``) with the fence and the row locks in its WHERE clause,
+    ``RETURNING`` what was written; ``kinds`` names each per-row value and its type, in
+    the order of ``v``'s columns (after the job id and the attempt)."""
     names = list(kinds)
     position = {name: index for index, name in enumerate(names, start=3)}
-    params: list[Any] = []
-    for lease, values in asked.items():
-        params += [*lease, *(values[name] for name in names)]
+    rows = [(*lease, *(values[name] for name in names)) for lease, values in asked.items()]
+    source, params = d.rows_from(rows, ("id", "int", *kinds.values()))
     update = (
         f"UPDATE {d.jobs} AS j SET {set_sql(lambda name: f'v.column{position[name]}')} "  # noqa: S608 - identifiers quoted, values bound
-        f"FROM (VALUES {d.values(len(asked), 'id', 'int', *kinds.values())}) AS v "
+        f"FROM {source} "
         "WHERE j.id = v.column1 AND j.attempt = v.column2 "
         "AND j.locked_by = %s AND j.status = 'running' "
     )
@@ -58,12 +58,13 @@ def batched(
             return [tuple(row) for row in cursor.fetchall()], frozenset()
         wanted = set(asked)
         ids = sorted({job_id for job_id, _ in wanted})
+        in_ids, id_params = d.in_ids(ids)
         sql = (
-            f"WITH mine AS (SELECT id FROM {d.jobs} WHERE id IN ({placeholders(len(ids))}) "  # noqa: S608 - identifiers quoted, values bound
+            f"WITH mine AS (SELECT id FROM {d.jobs} WHERE id {in_ids} "  # noqa: S608 - identifiers quoted, values bound
             f"AND {HELD} ORDER BY id{d.skip_locked}) "
             f"{update}AND j.id IN (SELECT id FROM mine) RETURNING {columns}"
         )
-        cursor.execute(sql, [*ids, worker_id, *params, worker_id])
+        cursor.execute(sql, [*id_params, worker_id, *params, worker_id])
         rows = [tuple(row) for row in cursor.fetchall()]
         missing = set(ids) - {int(row[0]) for row in rows}
         return rows, _skipped(cursor, d, worker_id, wanted, missing)
@@ -155,9 +156,10 @@ def _skipped(
     transaction held them locked (rare: an admin edit, a migration, a racing reaper)."""
     if not missing or not d.row_locks:
         return frozenset()
+    in_ids, id_params = d.in_ids(sorted(missing))
     cursor.execute(
-        f"SELECT id, attempt FROM {d.jobs} WHERE id IN ({placeholders(len(missing))}) AND {HELD}",  # noqa: S608 - identifiers quoted, values bound
-        [*sorted(missing), worker_id],
+        f"SELECT id, attempt FROM {d.jobs} WHERE id {in_ids} AND {HELD}",  # noqa: S608 - identifiers quoted, values bound
+        [*id_params, worker_id],
     )
     found = {(int(job_id), int(attempt)) for job_id, attempt in cursor.fetchall()}
     return frozenset(found & wanted)

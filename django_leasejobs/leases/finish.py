@@ -232,13 +232,18 @@ ATTEMPT_COLUMNS = (
 )
 
 
+ATTEMPT_KINDS = ("id", "int", "text", "text", "text", "text", "text", "text", "datetime")
+"""The kind of each of ``ATTEMPT_COLUMNS``, for ``Dialect.rows_from``."""
+
+
 def insert_attempts(d: Dialect, attempts: Sequence[tuple[Failure, str, Any]]) -> None:
-    """One INSERT of a JobAttempt row per ended attempt: (failure, worker, started at)."""
+    """One INSERT of a JobAttempt row per ended attempt: (failure, worker, started at);
+    on PostgreSQL its rows come as arrays (``Dialect.rows_from``), the same SQL however
+    many rows."""
     if not attempts:
         return
-    params: list[Any] = []
-    for failure, worker, started in attempts:
-        params += [
+    rows = [
+        (
             failure.job_id,
             failure.attempt,
             worker,
@@ -248,8 +253,15 @@ def insert_attempts(d: Dialect, attempts: Sequence[tuple[Failure, str, Any]]) ->
             failure.error.traceback,
             failure.decision,
             started,
-        ]
+        )
+        for failure, worker, started in attempts
+    ]
     columns = ", ".join(d.q(c) for c in ATTEMPT_COLUMNS)
-    rows = ", ".join([f"({placeholders(len(ATTEMPT_COLUMNS))})"] * len(attempts))
+    if d.arrays:
+        source, params = d.rows_from(rows, ATTEMPT_KINDS)
+        values = f"SELECT * FROM {source}"  # noqa: S608 - identifiers quoted, values bound
+    else:
+        values = "VALUES " + ", ".join([f"({placeholders(len(ATTEMPT_COLUMNS))})"] * len(rows))
+        params = [value for row in rows for value in row]
     with connections[d.using].cursor() as cursor:
-        cursor.execute(f"INSERT INTO {d.attempts} ({columns}) VALUES {rows}", params)  # noqa: S608 - identifiers quoted, values bound
+        cursor.execute(f"INSERT INTO {d.attempts} ({columns}) {values}", params)

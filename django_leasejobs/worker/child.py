@@ -1,8 +1,23 @@
 """The child process behind one process-pool slot.
 
-A child is forked once and runs many jobs, one at a time, each sent over a pipe.
-It lives in its own process group, so the parent can kill the job together with
-anything it spawned (``killpg``). A watchdog thread reads a *lifeline* pipe whose
+A child is forked once and runs many jobs, one at a time. They come over a pipe in
+batches (a list of ``(sequence number, JobSpec)``: one job, or several short ones at
+once), and each outcome goes back over the same pipe as soon as its job ends, so no
+finished job's outcome is ever held back in the child.
+
+Which job runs is shared with the parent through :class:`SlotState` (shared memory
+and a lock): before starting a job the child takes the lock, checks the job was not
+taken back (``limit``), and records its number and start time. The parent takes the
+same lock to take queued jobs back or to kill the running one, so it always knows
+which job a kill hits, and a job it took back never starts.
+
+Outcomes do not wake the parent one by one: the child rings a separate *bell* pipe
+(the one the parent waits on) when it has nothing left to run, after a job that took
+a while, and before a large message, so a batch of short jobs costs the parent one
+wake-up.
+
+The child lives in its own process group, so the parent can kill the job together
+with anything it spawned (``killpg``). A watchdog thread reads a *lifeline* pipe whose
 write end only the parent holds: when the parent dies, even by SIGKILL, the read
 returns EOF and the watchdog kills the whole group, so a job never outlives its
 worker and never overlaps a re-run of itself.
@@ -14,8 +29,11 @@ import contextlib
 import os
 import signal
 import threading
+import time
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Literal
 
 from django.db import close_old_connections, connections
 
@@ -26,6 +44,49 @@ from .execution import JobSpec, execute
 MSG_READY = "ready"
 MSG_PROGRESS = "progress"
 MSG_OUTCOME = "outcome"
+MSG_EXPIRED = "expired"
+
+RING_AFTER = 0.002
+"""A job that ran at least this long rings the bell when it ends (a wake-up per job
+costs little next to it); shorter ones ring only when the slot runs out of work."""
+RING_BEFORE_BYTES = 16 * 1024
+"""A message this large rings the bell first: the pipe may fill up, and the parent
+must come and read it."""
+
+STARTED, LIMIT, START_NS = 0, 1, 2
+"""Indexes into :attr:`SlotState.values`."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    """What the parent and a child share about the child's jobs (made before the fork).
+
+    ``values[STARTED]``: the sequence number of the job the child started last (0:
+    none yet); ``values[START_NS]``: when (``time.monotonic_ns()``, one clock for every
+    process of the machine); ``values[LIMIT]``: the highest sequence number the child
+    may start (the parent lowers it to take queued jobs back). Both sides read and write
+    them only while holding ``lock``.
+    """
+
+    lock: Any  # multiprocessing.synchronize.Lock (fork context)
+    values: Any  # multiprocessing.sharedctypes.RawArray('q', 3)
+
+
+Start = Literal["start", "taken back", "too late"]
+
+
+def _may_start(state: SlotState, seq: int, start_by: float) -> Start:
+    """Record ``seq`` as started, unless the parent took it back or its ``start_by``
+    passed (the parent froze, or the jobs before it ran long)."""
+    with state.lock:
+        if seq > state.values[LIMIT]:
+            return "taken back"
+        now = time.monotonic_ns()
+        if now > start_by * 1e9:
+            return "too late"
+        state.values[STARTED] = seq
+        state.values[START_NS] = now
+        return "start"
 
 
 def _watch_lifeline(lifeline_fd: int) -> None:
@@ -38,7 +99,9 @@ def _watch_lifeline(lifeline_fd: int) -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-def child_main(conn: Connection, lifeline_fd: int, close_fds: list[int]) -> None:
+def child_main(
+    conn: Connection, bell_fd: int, state: SlotState, lifeline_fd: int, close_fds: list[int]
+) -> None:
     """Entry point of a forked slot process. Never returns normally."""
     with contextlib.suppress(OSError):  # the parent may have set it already
         os.setpgid(0, 0)
@@ -56,23 +119,46 @@ def child_main(conn: Connection, lifeline_fd: int, close_fds: list[int]) -> None
         target=_watch_lifeline, args=(lifeline_fd,), name="leasejobs-lifeline", daemon=True
     ).start()
 
+    def ring() -> None:
+        with contextlib.suppress(BlockingIOError):  # full: it rings already
+            os.write(bell_fd, b"!")
+
+    def send(message: Any, *, ring_after: bool) -> None:
+        data = ForkingPickler.dumps(message)
+        if len(data) >= RING_BEFORE_BYTES:
+            ring()
+        conn.send_bytes(data)
+        if ring_after:
+            ring()
+
     def progress(lease: tuple[int, int], fraction: float | None, message: str | None) -> None:
-        conn.send((MSG_PROGRESS, lease, fraction, message))
+        send((MSG_PROGRESS, lease, fraction, message), ring_after=True)
 
     conn.send((MSG_READY, os.getpid()))
     code = 0
     try:
         while True:
             try:
-                spec: Any = conn.recv()
+                batch: Any = conn.recv()
             except EOFError:
                 break
-            if spec is None:
+            if batch is None:
                 break
-            assert isinstance(spec, JobSpec)  # noqa: S101 - protocol invariant
-            close_old_connections()
-            outcome = execute(spec, progress_sink=progress)
-            conn.send((MSG_OUTCOME, outcome))
+            for index, (seq, spec) in enumerate(batch):
+                assert isinstance(spec, JobSpec)  # noqa: S101 - protocol invariant
+                last = index == len(batch) - 1
+                start = _may_start(state, seq, spec.start_by)
+                if start == "too late":  # the parent gives it back, unstarted
+                    send((MSG_EXPIRED, spec.job.lease), ring_after=True)
+                    continue
+                if start == "taken back":
+                    if last and not conn.poll(0):
+                        ring()
+                    continue
+                close_old_connections()
+                outcome = execute(spec, progress_sink=progress)
+                idle = last and not conn.poll(0)
+                send((MSG_OUTCOME, outcome), ring_after=idle or outcome.duration >= RING_AFTER)
     except BaseException:
         code = 1
     finally:

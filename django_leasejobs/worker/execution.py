@@ -44,9 +44,14 @@ class JobSpec:
     worker_id: str
     backend: str
     database: str
+    start_by: float = math.inf
+    """``time.monotonic()`` after which the slot must not start the job: the worker would
+    call its lease lost by then (no renewal within ``local_lease_deadline``). A slot
+    that holds jobs queued behind another gives back those it could not start in time."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (JobSpec, (self.job, self.worker_id, self.backend, self.database))
+        fields = (self.job, self.worker_id, self.backend, self.database, self.start_by)
+        return (JobSpec, fields)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,16 @@ from django.utils.crypto import get_random_string
 
 from .. import leases, registry
 from ..backend import NOTIFY_CHANNEL, STATUS_TO_RESULT, LeaseJobsBackend, attempt_history
-from ..compat import Task, TaskResult, task_backends, task_finished, task_started
+from ..compat import (
+    Task,
+    TaskResult,
+    TaskResultStatus,
+    has_other_receivers,
+    must_send,
+    task_backends,
+    task_finished,
+    task_started,
+)
 from ..exceptions import TaskFailed, task_failure
 from ..functions import DatabaseNow
 from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress, storable_text
@@ -59,7 +68,7 @@ from .execution import (
 )
 from .heartbeat import Heartbeat, NextDue, Watchdog
 from .listener import Listener
-from .pools import Event, ProcessPool, ProgressEvent, ThreadPool
+from .pools import Event, ProcessPool, ProgressEvent, Retracted, Room, ThreadPool
 from .rounds import RoundContext, RoundPlan, RoundResult, run_round
 from .scheduler import Scheduler
 
@@ -100,6 +109,19 @@ on 2 cores gave back more jobs than the queue held)."""
 
 PREFETCH_REGROWTH = 0.125
 
+PIPELINE_WORK_SECONDS = 0.005
+"""With a backlog of ready jobs, a slot holds up to about this much work (judged by the
+recent jobs' mean run time) and runs it in a row: one hand-over, and one wake-up of the
+main loop, for a batch of short jobs instead of one per job. Jobs of 5 ms or longer go
+one at a time, as do jobs with a timeout (their clock starts when they are handed over)."""
+
+PIPELINE_DEPTH = 16
+"""Jobs a slot holds at most (the one it runs and those queued behind it)."""
+
+PIPELINE_RETRACT_AFTER = 0.05
+"""Jobs queued behind one that has run this long (seconds) are taken back from its slot
+and handed to another: a long job among short ones holds others back this long at most."""
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
@@ -134,7 +156,10 @@ class RunningJob:
     started: float
     last_renewed: float
     dispatched: bool = False
-    """Handed to a slot. A prefetched job waits in ``Worker.ready`` until then."""
+    """Handed to a slot. A prefetched job waits in ``Worker.ready`` until then (and goes
+    back there if its slot gives it back before it started)."""
+    announced: bool = False
+    """Its start was announced (log, ``job_started``, ``task_started``): once per attempt."""
     task_result: Any = None
     """The django.tasks view sent with ``task_started``; copied for ``task_finished``."""
     progress: Progress | None = None
@@ -463,6 +488,8 @@ class Worker:
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leasejobs-db")
         try:
             while True:
+                if self.pool.pipelined():
+                    self.pool.retract_stalled(PIPELINE_RETRACT_AFTER)
                 self._handle_events(self.pool.collect())
                 self._handle_thread_stops()
                 if self._heard_due is not None:
@@ -541,6 +568,13 @@ class Worker:
 
     def _wait_timeout(self) -> float:
         """How long the loop may sleep: until the next poll, backoff end or stop check."""
+        if self.pool.pipelined():
+            # Short jobs queued behind another ring only when their slot runs out of work:
+            # look in on them (their outcomes, a job that runs long) this often.
+            return min(PIPELINE_RETRACT_AFTER, self._wait_timeout_unpipelined())
+        return self._wait_timeout_unpipelined()
+
+    def _wait_timeout_unpipelined(self) -> float:
         if self._round is not None:
             return self.options.poll_interval  # the database thread wakes us when done
         now = time.monotonic()
@@ -725,7 +759,9 @@ class Worker:
         """Sort the queued outcomes into a round; drop those whose lease is presumed lost."""
         writes = self._writes[:MAX_ROUND_WRITES]
         del self._writes[:MAX_ROUND_WRITES]
-        plan = RoundPlan(claim_limit=claim_limit, history=bool(task_finished.receivers))
+        # Earlier attempts' rows are only for receivers of the site's: Django's own log
+        # receiver reads none of them.
+        plan = RoundPlan(claim_limit=claim_limit, history=has_other_receivers(task_finished))
         now = time.monotonic()
         deadline = self.options.local_lease_deadline
         for running, what in writes:
@@ -910,10 +946,36 @@ class Worker:
         self._dispatch_ready()
 
     def _dispatch_ready(self) -> None:
-        """Hand waiting jobs to free slots; route jobs stopped while they waited."""
+        """Hand waiting jobs to slots with room; route jobs stopped while they waited.
+
+        One job per slot, or with a backlog of short jobs several (``_pipeline_depth``),
+        spread evenly over the slots; each slot gets its jobs in one hand-over.
+        """
+        self._route_stopped_heads()
+        if not self.ready:
+            return
+        rooms = self.pool.rooms(self._pipeline_depth())
+        share = -(-len(self.ready) // max(1, len(rooms)))  # ceil: spread the backlog
+        for room in rooms:
+            specs = self._take_ready(room, share)
+            if specs:
+                self.pool.submit(room.slot, specs)
+            if not self.ready:
+                return
+
+    def _pipeline_depth(self) -> int:
+        """How many jobs a slot may hold now (``PIPELINE_WORK_SECONDS``)."""
+        mean = self._mean_duration
+        if mean is None or mean >= PIPELINE_WORK_SECONDS or len(self.ready) <= 1:
+            return 1
+        return min(PIPELINE_DEPTH, int(PIPELINE_WORK_SECONDS / max(mean, 1e-6)))
+
+    def _route_stopped_heads(self) -> None:
+        """Pop the jobs at the head of ``ready`` that must not start: stopped while they
+        waited, or waiting on a lease the worker itself would call lost."""
         deadline = self.options.local_lease_deadline
-        while self.ready and (self.ready[0].stop_reason is not None or self.pool.free_slots()):
-            running = self.ready.popleft()
+        while self.ready:
+            running = self.ready[0]
             silent = time.monotonic() - running.last_renewed
             if running.stop_reason is None and silent > deadline:
                 # The worker was frozen or cut off while the job waited (and the watchdog
@@ -925,38 +987,60 @@ class Worker:
                     f"no successful renewal for {silent:.1f}s while it waited for a slot "
                     f"(local deadline {deadline:g}s): the worker was paused or cut off",
                 )
-            with self.lock:
-                stopped = running.stop_reason is not None
-                if not stopped:
-                    running.dispatched = True
-                    now = time.monotonic()
-                    if (
-                        self._prefetch_limit < self.prefetch
-                        and now - running.started < PREFETCH_MAX_WAIT / 4
-                    ):
-                        self._prefetch_limit = min(
-                            float(self.prefetch), self._prefetch_limit + PREFETCH_REGROWTH
-                        )
-                    running.started = now
-            if stopped:
-                self._job_stopped(running, "was stopped before it started")
-                continue
-            try:
-                self._announce_start(running)
-            except Exception as exc:  # the job runs all the same
-                logger.exception(
-                    "announcing the start of job %s failed: %s",
-                    running.job.id,
-                    storable_text(exc, 500),
-                    extra=self._log_extra(running.job),
-                )
-            self.pool.submit(
+            if running.stop_reason is None:
+                return
+            self.ready.popleft()
+            self._job_stopped(running, "was stopped before it started")
+
+    def _take_ready(self, room: Room, share: int) -> list[JobSpec]:
+        """Jobs from the head of ``ready`` for one slot: up to ``share`` of them, as many
+        as it has room for; a job with a timeout only as the first job of an idle slot."""
+        specs: list[JobSpec] = []
+        while self.ready and len(specs) < min(room.jobs, share):
+            self._route_stopped_heads()
+            if not self.ready:
+                break
+            running = self.ready[0]
+            if running.job.timeout is not None and (specs or not room.idle):
+                break
+            self.ready.popleft()
+            self._hand_over(running)
+            specs.append(
                 JobSpec(
                     job=running.job,
                     worker_id=self.worker_id,
                     backend=self.backend.alias,
                     database=self.database,
+                    # The rule of _route_stopped_heads, kept by the slot for queued jobs.
+                    start_by=running.last_renewed + self.options.local_lease_deadline,
                 )
+            )
+        return specs
+
+    def _hand_over(self, running: RunningJob) -> None:
+        """Mark a job as handed to a slot, and announce its start (once per attempt)."""
+        with self.lock:
+            running.dispatched = True
+            now = time.monotonic()
+            if (
+                self._prefetch_limit < self.prefetch
+                and now - running.started < PREFETCH_MAX_WAIT / 4
+            ):
+                self._prefetch_limit = min(
+                    float(self.prefetch), self._prefetch_limit + PREFETCH_REGROWTH
+                )
+            running.started = now
+        if running.announced:
+            return
+        running.announced = True
+        try:
+            self._announce_start(running)
+        except Exception as exc:  # the job runs all the same
+            logger.exception(
+                "announcing the start of job %s failed: %s",
+                running.job.id,
+                storable_text(exc, 500),
+                extra=self._log_extra(running.job),
             )
 
     def _give_back_stale_ready(self) -> None:
@@ -1016,8 +1100,9 @@ class Worker:
             )
         if dispatched:  # else it waits in ``ready``: the main loop routes it, never starts it
             graceful = reason != "shutdown"
-            stopped = self.pool.stop_job(lease, graceful=graceful)
-            if stopped and not self.pool.can_kill:
+            # "retracted": its slot gives it back (a Retracted event) and the main loop
+            # routes it from ``ready``; "killing": its slot's death is the next event.
+            if self.pool.stop_job(lease, graceful=graceful) == "flagged":
                 with self.lock:
                     self._thread_stops.append(lease)
         self.wake()
@@ -1040,6 +1125,9 @@ class Worker:
 
     def _handle_events(self, events: list[Event]) -> None:
         for event in events:
+            if isinstance(event, Retracted):
+                self._back_to_ready(event)
+                continue
             if isinstance(event, ProgressEvent):
                 with self.lock:
                     running = self.running.get(event.lease)
@@ -1061,6 +1149,16 @@ class Worker:
                 self._job_stopped(running, event.exit_description)
             else:
                 self._record(running, ("killed", event.exit_description))
+
+    def _back_to_ready(self, event: Retracted) -> None:
+        """Jobs a slot gave back before they started: first in line again, in order."""
+        with self.lock:
+            back = [self.running.get(lease) for lease in event.leases]
+            jobs = [running for running in back if running is not None]
+            for running in jobs:
+                running.dispatched = False
+        self.ready.extendleft(reversed(jobs))
+        self._claim_wanted = True  # (a slot has room again)
 
     def _note_duration(self, seconds: float) -> None:
         mean = self._mean_duration
@@ -1266,14 +1364,17 @@ class Worker:
             enqueued_at=job.enqueued_at,
             claimed_at=job.last_attempted_at,
         )
-        if running.task is not None and task_started.receivers:
+        if running.task is not None and must_send(task_started, logging.INFO):
             running.task_result = self._task_result(running, JobStatus.RUNNING, None)
             task_started.send_robust(type(self.backend), task_result=running.task_result)
 
     def _announce_finish(
         self, running: RunningJob, status: str, result: Any, error: ErrorInfo | None = None
     ) -> None:
-        if running.task is None or status == JobStatus.PENDING or not task_finished.receivers:
+        if running.task is None or status == JobStatus.PENDING:
+            return
+        failed = STATUS_TO_RESULT[JobStatus(status)] == TaskResultStatus.FAILED
+        if not must_send(task_finished, logging.ERROR if failed else logging.INFO):
             return
         finished = self._finished_result(running, status, result, error)
         task_finished.send_robust(type(self.backend), task_result=finished)
