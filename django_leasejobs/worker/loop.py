@@ -109,13 +109,14 @@ on 2 cores gave back more jobs than the queue held)."""
 
 PREFETCH_REGROWTH = 0.125
 
-PIPELINE_WORK_SECONDS = 0.005
+PIPELINE_WORK_SECONDS = 0.01
 """With a backlog of ready jobs, a slot holds up to about this much work (judged by the
 recent jobs' mean run time) and runs it in a row: one hand-over, and one wake-up of the
-main loop, for a batch of short jobs instead of one per job. Jobs of 5 ms or longer go
-one at a time, as do jobs with a timeout (their clock starts when they are handed over)."""
+main loop, for a batch of short jobs instead of one per job. Jobs of 10 ms or longer go
+one at a time. A job with a timeout is only handed to an idle slot, first of its batch
+(its clock starts when it is handed over)."""
 
-PIPELINE_DEPTH = 16
+PIPELINE_DEPTH = 64
 """Jobs a slot holds at most (the one it runs and those queued behind it)."""
 
 PIPELINE_RETRACT_AFTER = 0.05
@@ -959,6 +960,13 @@ class Worker:
         for room in rooms:
             specs = self._take_ready(room, share)
             if specs:
+                if len(specs) > 1 and logger.isEnabledFor(logging.DEBUG):
+                    logger.debug(
+                        "handed %d jobs to slot %d at once",
+                        len(specs),
+                        room.slot,
+                        extra={"worker": self.worker_id, "count": len(specs)},
+                    )
                 self.pool.submit(room.slot, specs)
             if not self.ready:
                 return
