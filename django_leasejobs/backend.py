@@ -6,7 +6,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ from .compat import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    must_send,
     task_enqueued,
 )
 from .conf import E_APP_NOT_INSTALLED, E_UNKNOWN_DATABASE, Options, Problem, parse_options
@@ -272,6 +273,21 @@ def task_field_problem(task: Task) -> str:
     return ""
 
 
+@dataclass(frozen=True, slots=True)
+class _CheckedTask:
+    """A task ``validate_task`` passed (see ``LeaseJobsBackend._checked``)."""
+
+    task: Task
+    """Held, so that no other object takes its ``id()``, the cache's key, while cached."""
+    use_tz: bool
+    """``settings.USE_TZ`` when checked: the check of ``run_after`` reads it."""
+    columns: NewJob
+    """What every job of the task stores alike (``LeaseJobsBackend._task_columns``)."""
+
+
+_CHECKED_TASKS_MAX = 1024
+
+
 class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
     """Jobs in the database, run by ``manage.py runworker`` under row leases."""
 
@@ -286,6 +302,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         self.config: Options
         self.problems: list[Problem]
         self.config, self.problems = parse_options(params.get("OPTIONS", {}))
+        self._checked_tasks: dict[int, _CheckedTask] = {}
         if self.config.database not in settings.DATABASES:
             self.problems.append(
                 Problem(
@@ -331,25 +348,45 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         super().validate_task(task)
         registry.register(task)
 
-    def _job_fields(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
-        """The columns of a new job row for one call (arguments checked: JSON only)."""
-        json_args, json_kwargs = json_arguments(args, kwargs, using=self.database)
+    def _checked(self, task: Task) -> _CheckedTask:
+        """``task`` validated, with the columns every job of it stores alike.
+
+        Checked once per task object: a Task is frozen, and what else its check reads
+        (this backend's QUEUES and OPTIONS) is fixed for the backend's life, but for
+        ``USE_TZ``, which is part of the entry. ``using()`` makes a new object, checked anew.
+        """
+        use_tz = settings.USE_TZ
+        found = self._checked_tasks.get(id(task))
+        if found is not None and found.task is task and found.use_tz is use_tz:
+            return found
+        self.validate_task(task)
+        found = _CheckedTask(task, use_tz, self._task_columns(task))
+        if len(self._checked_tasks) >= _CHECKED_TASKS_MAX:
+            self._checked_tasks.clear()
+        self._checked_tasks[id(task)] = found
+        return found
+
+    def _task_columns(self, task: Task) -> NewJob:
+        """The columns of a job of ``task`` that do not depend on the call: not the
+        arguments, the trace context, ``run_after`` (without USE_TZ, stored in the time zone
+        active at the call), nor the flow group of a callable concurrency key."""
         backoff = getattr(task, "retry_backoff", None)
         flow_group, concurrency_limit, rate_limit = None, None, None
         if isinstance(task, LeaseTask):
-            key = task.resolve_concurrency_key(args, kwargs)
             concurrency_limit = task.effective_concurrency_limit
             rate_limit = task.rate_limit
-            if key is not None:
-                flow_group = key_group(key)
-            elif concurrency_limit is not None or rate_limit is not None:
+            if isinstance(task.concurrency_key, str):
+                flow_group = key_group(task.concurrency_key)
+            elif task.concurrency_key is None and (
+                concurrency_limit is not None or rate_limit is not None
+            ):
                 flow_group = task_group(task.module_path)
         return NewJob(
             backend=self.alias,
             queue=task.queue_name,
             task_path=task.module_path,
-            args=json_args,
-            kwargs=json_kwargs,
+            args=[],
+            kwargs={},
             priority=task.priority,
             max_attempts=getattr(task, "max_attempts", None) or self.config.max_attempts,
             max_stalls=getattr(task, "max_stalls", None) or self.config.max_stalls,
@@ -357,16 +394,43 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             key=getattr(task, "key", None),
             # A callable backoff cannot be stored: the worker takes it from its registered task.
             retry_backoff=asdict(backoff) if isinstance(backoff, Backoff) else None,
-            run_after=_storable_run_after(task.run_after),
+            run_after=None,
             task_options=_task_options(task),
-            trace_context=tracing.current_context(),
             flow_group=flow_group,
             concurrency_limit=concurrency_limit,
             rate_limit=rate_limit,
         )
 
+    def _job_fields(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
+        """The columns of a new job row for one call (task and arguments checked: JSON only)."""
+        columns = self._checked(task).columns
+        json_args, json_kwargs = json_arguments(args, kwargs, using=self.database)
+        flow_group = columns.flow_group
+        if isinstance(task, LeaseTask) and callable(task.concurrency_key):
+            key = task.resolve_concurrency_key(args, kwargs)
+            if key is not None:
+                flow_group = key_group(key)
+        return NewJob(
+            backend=columns.backend,
+            queue=columns.queue,
+            task_path=columns.task_path,
+            args=json_args,
+            kwargs=json_kwargs,
+            priority=columns.priority,
+            max_attempts=columns.max_attempts,
+            max_stalls=columns.max_stalls,
+            timeout=columns.timeout,
+            key=columns.key,
+            retry_backoff=columns.retry_backoff,
+            run_after=_storable_run_after(task.run_after),
+            task_options=columns.task_options,
+            trace_context=tracing.current_context(),
+            flow_group=flow_group,
+            concurrency_limit=columns.concurrency_limit,
+            rate_limit=columns.rate_limit,
+        )
+
     def _new_job(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
-        self.validate_task(task)
         return self._job_from_row(self._job_fields(task, args, kwargs))
 
     @staticmethod
@@ -384,6 +448,22 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         leases.notify(NOTIFY_CHANNEL, queues, using=self.database)
 
     def _announce(self, results: list[TaskResult]) -> None:
+        """Send ``task_enqueued`` and ``job_enqueued`` for ``results`` once the enqueue commits.
+
+        In autocommit "on commit" is now: when no receiver would act on either signal
+        (Django's own ``task_enqueued`` receiver logs at DEBUG: nothing with its logger
+        off), nothing is scheduled. Inside a transaction the receivers are the ones
+        connected at commit, as ever.
+        """
+        connection = connections[self.database]
+        if (
+            not connection.in_atomic_block
+            and connection.get_autocommit()
+            and not job_enqueued.receivers
+            and not must_send(task_enqueued, logging.DEBUG)
+        ):
+            return
+
         def send() -> None:
             # The jobs are stored: a failing receiver is logged, never raised into enqueue().
             for result in results:
@@ -435,7 +515,6 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         self.require_valid_config()
         if getattr(task, "key", None) is None and leases.can_insert_notify(self.database):
             # PostgreSQL: the row and its wake-up in one statement, one round trip.
-            self.validate_task(task)
             row = self._job_fields(task, args, kwargs)
             job_id, enqueued_at = leases.insert_job(row, notify=NOTIFY_CHANNEL, using=self.database)
             result = self._fresh_result(task, row, job_id, enqueued_at)
@@ -467,11 +546,10 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         the rows go in with one ``COPY`` (ids taken from the sequence first, in one
         query); elsewhere, and when a call's task carries a dedup ``key``, with
         multi-row INSERTs, keyed calls through :meth:`enqueue` one by one (same
-        transaction). Each distinct task is validated once per call of this method.
+        transaction). Every task is validated before any call's arguments are checked.
         """
         self.require_valid_config()
         calls = list(calls)
-        checked: dict[int, Task] = {}
         for number, call in enumerate(calls):
             if not isinstance(call, tuple | list) or len(call) != 3:
                 raise InvalidTaskArguments(
@@ -480,9 +558,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             task = call[0]
             if not isinstance(task, Task):
                 raise InvalidTask(f"calls[{number}]: {task!r} is not a task.")
-            if id(task) not in checked:
-                self.validate_task(task)
-                checked[id(task)] = task
+            self._checked(task)
         rows = []
         for number, (task, args, kwargs) in enumerate(calls):
             try:
@@ -524,9 +600,21 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         return [r for r in results if r is not None]
 
     def _fresh_result(self, task: Task, row: NewJob, job_id: int, now: Any) -> TaskResult:
-        """The django.tasks view of a job just inserted (no query needed)."""
-        return live_result(
-            task, job_id, JobStatus.PENDING, row.args, row.kwargs, self.alias, enqueued_at=now
+        """The django.tasks view of a job just inserted (no query needed; ``row``'s
+        arguments are checked copies of the call's, the result's own)."""
+        return TaskResult(
+            task=task,
+            id=str(job_id),
+            status=TaskResultStatus.READY,
+            enqueued_at=now,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=row.args,
+            kwargs=row.kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
         )
 
     def get_result(self, result_id: str) -> TaskResult:

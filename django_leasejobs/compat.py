@@ -100,6 +100,8 @@ else:  # Django 5.2 with the django-tasks backport
 
     USING_BACKPORT = True
 
+_TASKS_LOG = logging.getLogger(TASKS_LOGGER)
+
 _OWN_LOG_RECEIVERS = {
     id(task_enqueued): id(log_task_enqueued),
     id(task_started): id(log_task_started),
@@ -125,7 +127,7 @@ def must_send(signal: Signal, level: int) -> bool:
     """
     if has_other_receivers(signal):
         return True
-    return bool(signal.receivers) and logging.getLogger(TASKS_LOGGER).isEnabledFor(level)
+    return bool(signal.receivers) and _TASKS_LOG.isEnabledFor(level)
 
 
 __all__ = [

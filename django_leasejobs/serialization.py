@@ -271,6 +271,8 @@ def json_arguments(
         raise InvalidTaskArguments(f"args must be a list or tuple, got {type(args).__name__}.")
     if not isinstance(kwargs, Mapping):
         raise InvalidTaskArguments(f"kwargs must be a dict, got {type(kwargs).__name__}.")
+    if not args and not kwargs:  # a call without arguments: nothing to check or copy
+        return [], {}
     limit, _, refused_by = depth_limits(using)
     # depth -1: ``args`` and ``kwargs`` themselves do not count towards the limit.
     return (

@@ -48,25 +48,45 @@ _VARIABLE_COLUMNS = _INSERT_COLUMNS.index("status")
 """The producer's columns come first; from ``status`` on, a new job's values are fixed."""
 
 
-def _job_values(job: NewJob) -> list[Any]:
-    """Values for ``_INSERT_COLUMNS`` but the last two (enqueued_at, run_after)."""
+def _json(value: Any) -> str | None:
+    """``value`` as JSON text (None stays SQL NULL). Most calls pass no arguments: the
+    empty list and dict skip the encoder, whose set-up costs more than their text."""
+    if value is None:
+        return None
+    if not value and type(value) in _EMPTY_JSON:
+        return _EMPTY_JSON[type(value)]
+    return json.dumps(value)
+
+
+_EMPTY_JSON: dict[type, str] = {list: "[]", dict: "{}"}
+
+
+def _producer_values(job: NewJob) -> list[Any]:
+    """Values for ``_INSERT_COLUMNS`` up to ``status`` (the producer's columns)."""
     return [
         job.backend,
         job.queue,
         job.task_path,
-        json.dumps(job.args),
-        json.dumps(job.kwargs),
+        _json(job.args),
+        _json(job.kwargs),
         job.priority,
         job.max_attempts,
         job.max_stalls,
         job.timeout,
         job.key,
-        None if job.retry_backoff is None else json.dumps(job.retry_backoff),
-        None if job.task_options is None else json.dumps(job.task_options),
-        None if job.trace_context is None else json.dumps(job.trace_context),
+        _json(job.retry_backoff),
+        _json(job.task_options),
+        _json(job.trace_context),
         job.flow_group,
         job.concurrency_limit,
         job.rate_limit,
+    ]
+
+
+def _job_values(job: NewJob) -> list[Any]:
+    """Values for ``_INSERT_COLUMNS`` but the last two (enqueued_at, run_after)."""
+    return [
+        *_producer_values(job),
         JobStatus.PENDING.value,
         0,
         0,
@@ -100,26 +120,38 @@ def insert_job(job: NewJob, *, notify: str, using: str = "default") -> tuple[int
     Returns the new id and its ``enqueued_at``. The notification is delivered when the
     surrounding transaction commits (at once in autocommit), like any NOTIFY. Prepared
     once the alias allows it (``dialect.hot_cursor``).
+
+    A column whose value is None is left out of the statement: it gets NULL (``run_after``
+    the database's now) all the same, and most of a job's optional columns are None,
+    each a parameter less for the driver to adapt and the server to bind.
     """
-    params = [*_job_values(job)[:_VARIABLE_COLUMNS], job.run_after, notify, job.queue]
+    values = _producer_values(job)
+    values.append(job.run_after)
+    unset = tuple([value is None for value in values])
+    params = [value for value in values if value is not None]
+    params.append(notify)
     with hot_cursor(using) as cursor:
-        cursor.execute(_insert_notify_sql(using), params)
+        cursor.execute(_insert_notify_sql(using, unset), params)
         job_id, enqueued_at, _ = cursor.fetchone()
     return int(job_id), enqueued_at
 
 
-@functools.cache
-def _insert_notify_sql(using: str) -> str:
-    """The statement of :func:`insert_job`, built once per database alias (hot path)."""
+@functools.lru_cache(maxsize=256)
+def _insert_notify_sql(using: str, unset: tuple[bool, ...]) -> str:
+    """The statement of :func:`insert_job`, built once per database alias and set of None
+    values (``unset``: the producer's columns', then ``run_after``'s); hot path."""
     d = dialect(using)
-    columns = ", ".join(d.q(c) for c in _INSERT_COLUMNS)
+    producer = _INSERT_COLUMNS[:_VARIABLE_COLUMNS]
+    given = [c for c, none in zip(producer, unset[:-1], strict=True) if not none]
+    columns = ", ".join(d.q(c) for c in [*given, *_INSERT_COLUMNS[_VARIABLE_COLUMNS:]])
     constants = "'pending', 0, 0, 0, '', FALSE, '', ''"  # status ... last_error, as in _job_values
     now = d.now
+    run_after = now if unset[-1] else "%s"
     return (
         f"WITH inserted AS (INSERT INTO {d.jobs} ({columns}) "  # noqa: S608 - identifiers quoted, values bound
-        f"VALUES ({placeholders(_VARIABLE_COLUMNS)}, {constants}, {now}, COALESCE(%s, {now})) "
-        f"RETURNING {d.q('id')}, {d.q('enqueued_at')}) "
-        "SELECT id, enqueued_at, pg_notify(%s, %s) FROM inserted"
+        f"VALUES ({placeholders(len(given))}, {constants}, {now}, {run_after}) "
+        f"RETURNING {d.q('id')}, {d.q('enqueued_at')}, {d.q('queue')}) "
+        f"SELECT id, enqueued_at, pg_notify(%s, {d.q('queue')}) FROM inserted"
     )
 
 
