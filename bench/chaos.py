@@ -5,6 +5,7 @@ Run from the repository root, inside the project's virtualenv (``.venv``)::
     python bench/chaos.py                 # 20,000 jobs over 10 minutes, ~170 faults
     python bench/chaos.py --smoke         # 500 jobs, 2+ faults of every kind, ~1.5 minutes
     python bench/chaos.py --no-poison --jobs 5000 --duration 120 --seed 7
+    python bench/chaos.py --short-jobs    # jobs of 0.1-2 ms: slots get several at a time
 
 What it does:
 
@@ -138,6 +139,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--smoke", action="store_true", help="500 jobs, 2 workers of each pool, ~1.5 minutes"
     )
     parser.add_argument("--seed", type=int, default=1, help="seed of jobs and faults (1)")
+    parser.add_argument(
+        "--short-jobs",
+        action="store_true",
+        help="healthy jobs of 0.1-2 ms instead of 5 ms-1 s, fed a second's worth at a time: "
+        "workers hand them to their slots several at a time, so the faults hit batches",
+    )
     parser.add_argument(
         "--poison",
         action=argparse.BooleanOptionalAction,
@@ -458,13 +465,15 @@ def job_plan(args: argparse.Namespace, lease: float) -> list[tuple[str, Any]]:
     plan: list[tuple[str, Any]] = []
     for _ in range(args.jobs):
         draw = rng.random()
-        if draw < 0.70:
+        if args.short_jobs:
+            seconds = rng.uniform(0.0001, 0.002)  # handed to slots several at a time
+        elif draw < 0.70:
             seconds = rng.uniform(0.005, 0.05)
         elif draw < 0.90:
             seconds = rng.uniform(0.05, 0.4)
         else:
             seconds = rng.uniform(0.4, 1.0)
-        plan.append(("healthy", round(seconds, 4)))
+        plan.append(("healthy", round(seconds, 5)))
     if args.poison:
         per_kind = max(1, round(args.jobs * args.poison_share / len(POISON)))
         for kind in POISON:
@@ -969,6 +978,8 @@ class Soak:
                 self.inject(schedule[next_fault])
                 next_fault += 1
             due = min(len(plan), math.ceil(rate * elapsed))
+            if args.short_jobs:  # in bursts of a second's worth: a backlog to hand over
+                due = min(len(plan), math.ceil(rate * math.ceil(elapsed)))
             server_up = self.server is not None and self.server.running
             if fed < due and server_up and now >= retry_feed_at:
                 chunk = plan[fed : min(due, fed + FEED_CHUNK)]
