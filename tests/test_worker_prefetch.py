@@ -137,8 +137,19 @@ def test_a_worker_frozen_past_its_leases_never_starts_a_prefetched_job(
         )
     finally:
         first.signal(signal.SIGCONT)
-    # On resuming, the frozen worker stops every job it still thought it had.
-    first.wait_for_log("lease lost for job", count=8, timeout=20)
+    # On resuming, the frozen worker lets go of every quick job it still thought it had:
+    # stopped as a lost lease if it had not started it, or, if its slot had (before the
+    # leases ran out), its outcome not written ("could not record", lease presumed lost).
+    wait_until(
+        lambda: sum(
+            line.count("lease lost for job") + line.count("could not record job")
+            for line in first.output.splitlines()
+            if any(f"job {job_id} " in line for job_id in quick_ids)
+        )
+        >= 8,
+        timeout=20,
+        what="the frozen worker to let go of the quick jobs",
+    )
     runs = [line.split()[:2] for line in read_lines(marker_dir, "quick.ids")]
     # Attempt 2 (the second worker's) ran every quick job once. The frozen worker's slot
     # may have started some as attempt 1, but only while their leases held (a slot starts
