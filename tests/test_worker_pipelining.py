@@ -161,6 +161,44 @@ def test_jobs_behind_a_long_job_are_taken_back(process_pool: ProcessPool, marker
     assert read_lines(marker_dir, "queued.order") == []
 
 
+def test_jobs_taken_back_never_start_even_when_the_slot_gets_new_ones(
+    process_pool: ProcessPool, marker_dir: str
+) -> None:
+    """Found by the hostile-batch tests: an earlier job's outcome let the worker hand the
+    slot new jobs while the long job still ran; raising the slot's limit for them let its
+    child start the jobs taken back from it, which another slot ran too. A slot gets no
+    new job until its child has passed every job taken back."""
+    seen = Collector(process_pool)
+    process_pool.submit(
+        0,
+        [
+            _spec(1, tasks_worker_flow.record_label, marker_dir, "first", "a"),
+            _spec(2, tasks_worker_flow.gate_plain, marker_dir, "long"),
+            _spec(3, tasks_worker_flow.record_label, marker_dir, "queued", "c"),
+            _spec(4, tasks_worker_flow.record_label, marker_dir, "queued", "d"),
+        ],
+    )
+    wait_until(lambda: read_lines(marker_dir, "long.started"), what="the long job to start")
+
+    def taken_back() -> bool:
+        process_pool.retract_stalled(0.05)
+        seen.events += process_pool.collect()
+        return seen.retracted() == [(3, 1), (4, 1)] and seen.outcome((1, 1)) is not None
+
+    wait_until(taken_back, what="the queued jobs taken back and the first outcome read")
+    assert process_pool.rooms(16) == []  # the long job runs, the jobs taken back not passed
+    with pytest.raises(ValueError, match="taken back"):
+        process_pool.submit(0, [_spec(5, tasks_worker_flow.record_label, marker_dir, "x", "e")])
+    _open_gate(marker_dir, "long")
+    seen.until(lambda _: seen.outcome((2, 1)) is not None, "the long job's outcome")
+    # Once the child passed the jobs taken back, the slot takes new ones.
+    wait_until(lambda: process_pool.rooms(16) != [], what="the slot to have room again")
+    process_pool.submit(0, [_spec(6, tasks_worker_flow.record_label, marker_dir, "next", "f")])
+    seen.until(lambda _: seen.outcome((6, 1)) is not None, "the new job's outcome")
+    assert read_lines(marker_dir, "next.order") == ["f"]
+    assert read_lines(marker_dir, "queued.order") == []  # never, not even after the new job
+
+
 def test_a_dead_childs_queued_jobs_come_back_unstarted(
     process_pool: ProcessPool, marker_dir: str
 ) -> None:

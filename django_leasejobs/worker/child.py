@@ -53,8 +53,9 @@ RING_BEFORE_BYTES = 16 * 1024
 """A message this large rings the bell first: the pipe may fill up, and the parent
 must come and read it."""
 
-STARTED, LIMIT, START_NS = 0, 1, 2
+STARTED, LIMIT, START_NS, SEEN = 0, 1, 2, 3
 """Indexes into :attr:`SlotState.values`."""
+SLOT_VALUES = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,13 +64,15 @@ class SlotState:
 
     ``values[STARTED]``: the sequence number of the job the child started last (0:
     none yet); ``values[START_NS]``: when (``time.monotonic_ns()``, one clock for every
-    process of the machine); ``values[LIMIT]``: the highest sequence number the child
-    may start (the parent lowers it to take queued jobs back). Both sides read and write
-    them only while holding ``lock``.
+    process of the machine); ``values[SEEN]``: the last sequence number the child decided
+    on (started, or passed over); ``values[LIMIT]``: the highest sequence number the
+    child may start (the parent lowers it to take queued jobs back, and raises it again
+    for new jobs only once the child has passed every job taken back: a job taken back
+    never starts). Both sides write them only while holding ``lock``.
     """
 
     lock: Any  # multiprocessing.synchronize.Lock (fork context)
-    values: Any  # multiprocessing.sharedctypes.RawArray('q', 3)
+    values: Any  # multiprocessing.sharedctypes.RawArray('q', SLOT_VALUES)
 
 
 Start = Literal["start", "taken back", "too late"]
@@ -79,6 +82,7 @@ def _may_start(state: SlotState, seq: int, start_by: float) -> Start:
     """Record ``seq`` as started, unless the parent took it back or its ``start_by``
     passed (the parent froze, or the jobs before it ran long)."""
     with state.lock:
+        state.values[SEEN] = seq
         if seq > state.values[LIMIT]:
             return "taken back"
         now = time.monotonic_ns()

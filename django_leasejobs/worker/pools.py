@@ -33,6 +33,8 @@ from .child import (
     MSG_OUTCOME,
     MSG_PROGRESS,
     RING_AFTER,
+    SEEN,
+    SLOT_VALUES,
     START_NS,
     STARTED,
     SlotState,
@@ -114,9 +116,11 @@ class _ProcessSlot:
     """(sequence number, lease) of the jobs handed to the child and not yet reported,
     in the order it runs them."""
     next_seq: int = 1
-    stalled: bool = False
-    """Its running job ran long with jobs queued behind it (taken back): it gets no more
-    until that job ends."""
+    taken_back_upto: int = 0
+    """The highest sequence number taken back from this slot. Until its child has passed
+    it (``SEEN``), the slot gets no new job: a new job raises ``LIMIT``, which would let
+    the child start the jobs taken back (run by another slot meanwhile). After a long job
+    that also keeps jobs from queueing behind it again."""
     term_sent_at: float | None = None
     killed: bool = False
     events: list[Event] = field(default_factory=list)
@@ -170,7 +174,7 @@ class ProcessPool:
         bell_r, bell_w = os.pipe()
         os.set_blocking(bell_r, False)
         os.set_blocking(bell_w, False)
-        state = SlotState(self._ctx.Lock(), self._ctx.RawArray("q", 3))
+        state = SlotState(self._ctx.Lock(), self._ctx.RawArray("q", SLOT_VALUES))
         # The other slots' lifeline write ends and bells must not stay open in this
         # child, or a dead worker would go unnoticed by them. Closed ones (-1) are
         # skipped: their fd numbers may already be reused by the pipes just created.
@@ -264,7 +268,7 @@ class ProcessPool:
             return [
                 Room(s.index, depth - len(s.queue), not s.queue)
                 for s in self._slots
-                if s.open and not s.stalled and len(s.queue) < depth
+                if s.open and len(s.queue) < depth and s.taken_back_upto <= s.state.values[SEEN]
             ]
 
     def running(self) -> list[Lease]:
@@ -276,9 +280,13 @@ class ProcessPool:
         return any(len(s.queue) > 1 for s in self._slots)
 
     def submit(self, slot_index: int, specs: list[JobSpec]) -> None:
-        """Hand ``specs`` to one slot, to run after what it holds already."""
+        """Hand ``specs`` to one slot, to run after what it holds already (a slot
+        :meth:`rooms` offers: never one whose child has not yet passed the jobs taken back
+        from it, which a raised ``LIMIT`` would let it start)."""
         with self._lock:
             slot = self._slots[slot_index]
+            if slot.taken_back_upto > slot.state.values[SEEN]:
+                raise ValueError(f"slot {slot_index} has jobs taken back it has not passed yet")
             batch = []
             for spec in specs:
                 batch.append((slot.next_seq, spec))
@@ -321,7 +329,6 @@ class ProcessPool:
                 outcome: Outcome = message[1]
                 with self._lock:
                     if _take(slot.queue, outcome.lease):
-                        slot.stalled = False
                         events.append(outcome)
             elif message[0] == MSG_PROGRESS:
                 _, lease, fraction, text = message
@@ -358,6 +365,7 @@ class ProcessPool:
         slot.state.values[LIMIT] = last_kept
         taken = tuple(lease for seq, lease in slot.queue if seq > last_kept)
         if taken:
+            slot.taken_back_upto = max(slot.taken_back_upto, slot.queue[-1][0])
             while slot.queue and slot.queue[-1][0] > last_kept:
                 slot.queue.pop()
             self._retracted.append(Retracted(taken))
@@ -378,7 +386,6 @@ class ProcessPool:
                     running_long = now - int(values[START_NS]) > after * 1e9
                     if started >= slot.queue[0][0] and running_long:
                         self._retract_after(slot, started)
-                        slot.stalled = True
 
     def stop_job(self, lease: Lease, *, graceful: bool) -> StopAction:
         """Stop the job holding ``lease``: SIGKILL its process group, or SIGTERM first;
