@@ -103,6 +103,10 @@ def watch_lease_lost(context: Any, marker_dir: str, name: str, seconds: float) -
 def wait_for_gate(context: Any, marker_dir: str, name: str, timeout: float = 60.0) -> str:
     """Long job: note its start in ``<name>.started``, then run until ``<name>.gate`` exists."""
     _append(marker_dir, f"{name}.started", f"{context.task_result.id} {os.getpid()}")
+    return _wait_for_gate(marker_dir, name, timeout)
+
+
+def _wait_for_gate(marker_dir: str, name: str, timeout: float) -> str:
     gate = Path(marker_dir) / f"{name}.gate"
     deadline = time.monotonic() + timeout
     while not gate.exists():
@@ -116,13 +120,7 @@ def wait_for_gate(context: Any, marker_dir: str, name: str, timeout: float = 60.
 def gate_plain(marker_dir: str, name: str, timeout: float = 60.0) -> str:
     """``wait_for_gate`` without a context (a pool test builds no TaskResult for it)."""
     _append(marker_dir, f"{name}.started", str(os.getpid()))
-    gate = Path(marker_dir) / f"{name}.gate"
-    deadline = time.monotonic() + timeout
-    while not gate.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{gate} never appeared")
-        time.sleep(0.02)
-    return "gate opened"
+    return _wait_for_gate(marker_dir, name, timeout)
 
 
 @task
