@@ -141,12 +141,14 @@ def test_a_worker_frozen_past_its_leases_never_starts_a_prefetched_job(
     # stopped as a lost lease if it had not started it, or, if its slot had (before the
     # leases ran out), its outcome not written ("could not record", lease presumed lost).
     wait_until(
-        lambda: sum(
-            line.count("lease lost for job") + line.count("could not record job")
-            for line in first.output.splitlines()
-            if any(f"job {job_id} " in line for job_id in quick_ids)
-        )
-        >= 8,
+        lambda: (
+            sum(
+                line.count("lease lost for job") + line.count("could not record job")
+                for line in first.output.splitlines()
+                if any(f"job {job_id} " in line for job_id in quick_ids)
+            )
+            >= 8
+        ),
         timeout=20,
         what="the frozen worker to let go of the quick jobs",
     )
