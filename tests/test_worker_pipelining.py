@@ -12,6 +12,7 @@ outcome a child sent before it died counts. The worker-level test runs real
 from __future__ import annotations
 
 import os
+import selectors
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -233,6 +234,23 @@ def test_many_outcomes_and_large_ones_arrive_whole(process_pool: ProcessPool) ->
     for job_id, size in enumerate(sizes, start=1):
         outcome = seen.outcome((job_id, 1))
         assert outcome is not None and outcome.ok and outcome.result == "x" * size
+
+
+def test_a_large_outcome_wakes_the_worker_and_arrives(process_pool: ProcessPool) -> None:
+    """The worker waits on the slots' bells, not on their pipes: an outcome too large for
+    the pipe must ring once the parent can start reading it, or the child would block
+    writing while the worker sleeps. Every wait here ends on an event, never its timeout."""
+    selector = selectors.DefaultSelector()
+    for waitable in process_pool.waitables():
+        selector.register(waitable, selectors.EVENT_READ)
+    seen = Collector(process_pool)
+    for job_id, size in ((1, 3_000_000), (2, 70_000), (3, 300_000)):
+        process_pool.submit(0, [_spec(job_id, tasks_worker_flow.blob, size)])
+        while seen.outcome((job_id, 1)) is None:
+            assert selector.select(timeout=60), "the worker slept through a slot's outcome"
+            seen.events += process_pool.collect()
+        assert seen.outcome((job_id, 1)).result == "x" * size  # type: ignore[union-attr]
+    selector.close()
 
 
 # -- thread pool ----------------------------------------------------------------------

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -50,8 +51,8 @@ RING_AFTER = 0.002
 """A job that ran at least this long rings the bell when it ends (a wake-up per job
 costs little next to it); shorter ones ring only when the slot runs out of work."""
 RING_BEFORE_BYTES = 16 * 1024
-"""A message this large rings the bell first: the pipe may fill up, and the parent
-must come and read it."""
+"""A message this large rings the bell once its length is written, before the rest: the
+pipe may fill up, and the parent must come and read it."""
 
 STARTED, LIMIT, START_NS, SEEN = 0, 1, 2, 3
 """Indexes into :attr:`SlotState.values`."""
@@ -103,6 +104,19 @@ def _watch_lifeline(lifeline_fd: int) -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
+def _frame_header(size: int) -> bytes:
+    """``multiprocessing.Connection``'s length prefix (what ``pools._Frames`` reads)."""
+    if size <= 0x7FFFFFFF:
+        return struct.pack("!i", size)
+    return struct.pack("!i", -1) + struct.pack("!Q", size)
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def child_main(
     conn: Connection, bell_fd: int, state: SlotState, lifeline_fd: int, close_fds: list[int]
 ) -> None:
@@ -129,9 +143,14 @@ def child_main(
 
     def send(message: Any, *, ring_after: bool) -> None:
         data = ForkingPickler.dumps(message)
-        if len(data) >= RING_BEFORE_BYTES:
+        if len(data) < RING_BEFORE_BYTES:
+            conn.send_bytes(data)
+        else:
+            # The pipe may fill up before the parent reads: its length first, then the
+            # bell (the parent finds something to read, and reads the rest as it comes).
+            _write_all(conn.fileno(), _frame_header(len(data)))
             ring()
-        conn.send_bytes(data)
+            _write_all(conn.fileno(), data)
         if ring_after:
             ring()
 
