@@ -69,6 +69,17 @@ class Collector:
         wait_until(check, timeout=30, what=what)
         return self.events
 
+    def until_taken_back_after_stall(self, leases: list[Lease]) -> None:
+        """Let the pool take back what is queued behind a job running over 50 ms (as the
+        main loop does each pass) until ``leases`` came back."""
+
+        def check() -> bool:
+            self.pool.retract_stalled(0.05)
+            self.events += self.pool.collect()
+            return self.retracted() == leases
+
+        wait_until(check, timeout=30, what=f"{leases} taken back")
+
     def outcome(self, lease: Lease) -> Outcome | None:
         return next((e for e in self.events if isinstance(e, Outcome) and e.lease == lease), None)
 
@@ -149,12 +160,7 @@ def test_jobs_behind_a_long_job_are_taken_back(process_pool: ProcessPool, marker
     wait_until(lambda: read_lines(marker_dir, "long.started"), what="the first job to start")
     assert process_pool.pipelined()
 
-    def retracted() -> bool:
-        process_pool.retract_stalled(0.05)
-        seen.events += process_pool.collect()
-        return seen.retracted() == [(2, 1)]
-
-    wait_until(retracted, what="the queued job taken back")
+    seen.until_taken_back_after_stall([(2, 1)])
     assert not process_pool.pipelined()
     _open_gate(marker_dir, "long")
     seen.until(lambda _: seen.outcome((1, 1)) is not None, "the long job's outcome")
@@ -296,12 +302,7 @@ def test_thread_pool_takes_back_jobs_behind_a_long_one(
     )
     wait_until(lambda: read_lines(marker_dir, "long.started"), what="the first job to start")
 
-    def retracted() -> bool:
-        thread_pool.retract_stalled(0.05)
-        seen.events += thread_pool.collect()
-        return seen.retracted() == [(2, 1)]
-
-    wait_until(retracted, what="the queued job taken back")
+    seen.until_taken_back_after_stall([(2, 1)])
     _open_gate(marker_dir, "long")
     seen.until(lambda _: seen.outcome((1, 1)) is not None, "the long job's outcome")
     assert read_lines(marker_dir, "queued.order") == []
