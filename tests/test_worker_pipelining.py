@@ -12,8 +12,10 @@ outcome a child sent before it died counts. The worker-level test runs real
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import signal
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from django_leasejobs.worker.pools import (
     ProcessPool,
     Retracted,
     SlotDied,
+    Started,
     ThreadPool,
 )
 from tests import tasks_worker_flow
@@ -85,6 +88,9 @@ class Collector:
 
     def retracted(self) -> list[Lease]:
         return [lease for e in self.events if isinstance(e, Retracted) for lease in e.leases]
+
+    def started(self) -> list[Lease]:
+        return [lease for e in self.events if isinstance(e, Started) for lease in e.leases]
 
 
 @pytest.fixture
@@ -259,6 +265,46 @@ def test_a_large_outcome_wakes_the_worker_and_arrives(process_pool: ProcessPool)
     selector.close()
 
 
+@pytest.mark.parametrize("kind", ["process", "thread"])
+def test_a_pool_reports_the_start_of_queued_jobs_and_of_no_job_taken_back(
+    kind: str, request: pytest.FixtureRequest, marker_dir: str
+) -> None:
+    """The worker announces a job's start (``job_started``, the log line) only once it
+    really started: the first job handed to an idle slot as it is handed over (``submit``
+    says so), a job queued behind others when its slot reports it (``Started``, before
+    its outcome). A job taken back unstarted is never reported: giving it back then
+    leaves no announced attempt behind."""
+    pool: ProcessPool | ThreadPool = request.getfixturevalue(f"{kind}_pool")
+    seen = Collector(pool)
+    first = pool.submit(
+        0,
+        [
+            _spec(1, tasks_worker_flow.record_label, marker_dir, "first", "a"),
+            _spec(2, tasks_worker_flow.gate_plain, marker_dir, "long"),
+            _spec(3, tasks_worker_flow.record_label, marker_dir, "queued", "c"),
+        ],
+    )
+    assert first is True  # the slot was idle: job 1 starts at once
+    wait_until(lambda: read_lines(marker_dir, "long.started"), what="the long job to start")
+    seen.until(lambda _: seen.started() == [(2, 1)], "the long job's start reported")
+    # A slot that holds jobs: what it gets now waits behind them.
+    assert (
+        pool.submit(0, [_spec(4, tasks_worker_flow.record_label, marker_dir, "queued", "d")])
+        is False
+    )
+    seen.until_taken_back_after_stall([(3, 1), (4, 1)])
+    _open_gate(marker_dir, "long")
+    seen.until(lambda _: seen.outcome((2, 1)) is not None, "the long job's outcome")
+    events = seen.events
+    reported = next(
+        i for i, e in enumerate(events) if isinstance(e, Started) and (2, 1) in e.leases
+    )
+    ended = next(i for i, e in enumerate(events) if isinstance(e, Outcome) and e.lease == (2, 1))
+    assert reported < ended
+    assert seen.started() == [(2, 1)]  # not job 1 (the worker announced it), never 3 or 4
+    assert read_lines(marker_dir, "queued.order") == []
+
+
 # -- thread pool ----------------------------------------------------------------------
 
 
@@ -359,3 +405,47 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+STARTED_LINE = re.compile(r"job (\d+) attempt (\d+) started: ")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("pool", ["process", "thread"])
+def test_jobs_taken_back_and_given_back_were_never_announced(
+    workers: Workers, marker_dir: str, pool: str
+) -> None:
+    """Jobs queued behind a long job in the only slot are taken back after 50 ms, wait
+    for a slot, and after 1 s go back to pending for other workers (their attempt
+    unused). They never started, so nothing announced a start for them: every attempt
+    that ran is announced once (``job_started`` feeds the metrics, which must match the
+    attempts in the database), and no attempt that did not run is announced."""
+    worker = workers.start(args=["--concurrency", "1", "--pool", pool])
+    warm = [tasks_worker_flow.record_id.enqueue(marker_dir, "warm") for _ in range(20)]
+    warm_ids = [int(r.id) for r in warm]
+    wait_until(
+        lambda: (
+            Job.objects.filter(pk__in=warm_ids, status=JobStatus.SUCCEEDED).count() == len(warm)
+        ),
+        timeout=60,
+        what="the warm-up jobs (short: the next backlog is handed over in batches)",
+    )
+    calls: list[Any] = [(tasks_worker_flow.wait_for_gate, [marker_dir, "long"], {})]
+    calls += [(tasks_worker_flow.record_id, [marker_dir, "quick"], {})] * 40
+    ids = [int(r.id) for r in task_backends["default"].bulk_enqueue(calls)]
+    worker.wait_for_log("prefetched jobs that waited", timeout=30)
+    _open_gate(marker_dir, "long")
+    wait_until(
+        lambda: Job.objects.filter(pk__in=ids, status=JobStatus.SUCCEEDED).count() == len(ids),
+        timeout=60,
+        what="every job",
+    )
+    announced = Counter(
+        (int(job), int(attempt)) for job, attempt in STARTED_LINE.findall(worker.output)
+    )
+    attempts = dict(Job.objects.filter(pk__in=ids + warm_ids).values_list("pk", "attempt"))
+    # No attempt was used up by a job that never ran, and each that ran was announced once.
+    assert set(attempts.values()) == {1}, attempts
+    assert announced == Counter({(pk, 1): 1 for pk in attempts}), worker.output
+    ran = [int(line.split()[0]) for line in read_lines(marker_dir, "quick.ids")]
+    assert sorted(ran) == sorted(ids[1:])  # each exactly once

@@ -51,8 +51,8 @@ ENDS_THE_WORKER = (
     "(docs/workers.md, Isolation)"
 )
 
-STARTED = re.compile(r"job (\d+) attempt (\d+) started: ")
-HANDED = re.compile(r"handed (\d+) jobs to slot (\d+) at once")
+HANDED = re.compile(r"handed \d+ jobs to slot \d+ at once \(job/attempt, in order: ([0-9/ ]+)\)")
+LEASE = re.compile(r"(\d+)/(\d+)")
 
 
 @dataclass(frozen=True)
@@ -171,21 +171,12 @@ def _cases() -> list[Any]:
 
 
 def _batches(output: str) -> list[list[tuple[int, int]]]:
-    """The hand-overs of several jobs the worker logged, each as its jobs' leases in the
-    order the slot runs them. The main loop announces each job as it hands it over, then
-    logs the batch (``_dispatch_ready``), so a batch of N is the last N announcements
-    before its line (other threads' lines may come between). A job handed over again
-    after a slot gave it back is not announced again: such a batch would also take in
-    the announcements of jobs handed over alone just before it, at its front."""
-    batches = []
-    announced: list[tuple[int, int]] = []
-    for line in output.splitlines():
-        if started := STARTED.search(line):
-            announced.append((int(started[1]), int(started[2])))
-        elif handed := HANDED.search(line):
-            batches.append(announced[-int(handed[1]) :])
-            announced = []
-    return batches
+    """The hand-overs of several jobs the worker logged (``_dispatch_ready``), each as its
+    jobs' leases in the order the slot runs them."""
+    return [
+        [(int(job), int(attempt)) for job, attempt in LEASE.findall(handed[1])]
+        for handed in HANDED.finditer(output)
+    ]
 
 
 def _behind(batches: list[list[tuple[int, int]]], lease: tuple[int, int]) -> list[int]:

@@ -68,7 +68,7 @@ from .execution import (
 )
 from .heartbeat import Heartbeat, NextDue, Watchdog
 from .listener import Listener
-from .pools import Event, ProcessPool, ProgressEvent, Retracted, Room, ThreadPool
+from .pools import Event, ProcessPool, ProgressEvent, Retracted, Room, Started, ThreadPool
 from .rounds import RoundContext, RoundPlan, RoundResult, run_round
 from .scheduler import Scheduler
 
@@ -962,12 +962,14 @@ class Worker:
             if specs:
                 if len(specs) > 1 and logger.isEnabledFor(logging.DEBUG):
                     logger.debug(
-                        "handed %d jobs to slot %d at once",
+                        "handed %d jobs to slot %d at once (job/attempt, in order: %s)",
                         len(specs),
                         room.slot,
+                        " ".join(f"{spec.job.id}/{spec.job.attempt}" for spec in specs),
                         extra={"worker": self.worker_id, "count": len(specs)},
                     )
-                self.pool.submit(room.slot, specs)
+                if self.pool.submit(room.slot, specs):  # the first one starts at once
+                    self._announce_once(self.running[specs[0].job.lease])
             if not self.ready:
                 return
 
@@ -1026,7 +1028,7 @@ class Worker:
         return specs
 
     def _hand_over(self, running: RunningJob) -> None:
-        """Mark a job as handed to a slot, and announce its start (once per attempt)."""
+        """Mark a job as handed to a slot (its start is announced when it starts)."""
         with self.lock:
             running.dispatched = True
             now = time.monotonic()
@@ -1038,6 +1040,12 @@ class Worker:
                     float(self.prefetch), self._prefetch_limit + PREFETCH_REGROWTH
                 )
             running.started = now
+
+    def _announce_once(self, running: RunningJob) -> None:
+        """Announce that an attempt started (once: a job handed to an idle slot as it is
+        handed over, one queued behind others when its slot reports it started, or with
+        its outcome at the latest). A job taken back before it started is never
+        announced, so giving it back leaves nothing announced for its attempt."""
         if running.announced:
             return
         running.announced = True
@@ -1136,6 +1144,13 @@ class Worker:
             if isinstance(event, Retracted):
                 self._back_to_ready(event)
                 continue
+            if isinstance(event, Started):
+                for lease in event.leases:
+                    with self.lock:
+                        started = self.running.get(lease)
+                    if started is not None:
+                        self._announce_once(started)
+                continue
             if isinstance(event, ProgressEvent):
                 with self.lock:
                     running = self.running.get(event.lease)
@@ -1148,6 +1163,7 @@ class Worker:
                 continue
             self._claim_wanted = True  # a slot is free again
             self._prefetch_paused = False
+            self._announce_once(running)  # it started (if its start was not reported yet)
             if isinstance(event, Outcome):
                 self._note_duration(event.duration)
                 # A real outcome wins even when a stop raced it: the job did finish. (A
@@ -1177,7 +1193,10 @@ class Worker:
         if reason == "lease_lost":
             # The lease belongs to someone else: nothing to write.
             self._forget(running, ran=running.dispatched)
-        elif not running.dispatched:
+        elif not running.dispatched and not running.announced:
+            # Never started: given back, its attempt unused. (One announced but given
+            # back unstarted, as its idle slot died or a stop took it back, keeps its
+            # attempt: it is released or cancelled below, like a job that ran.)
             self._record(running, ("unclaim", description))
         elif reason == "timeout":
             self._record(running, ("timeout", description))

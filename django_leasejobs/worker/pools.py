@@ -74,6 +74,14 @@ class Retracted:
 
 
 @dataclass(frozen=True, slots=True)
+class Started:
+    """Jobs a slot started that were queued behind another one (the first job handed
+    to an idle slot starts at once: the worker announces it as it hands it over)."""
+
+    leases: tuple[Lease, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Room:
     """A slot that can take jobs now."""
 
@@ -84,7 +92,7 @@ class Room:
     """It holds none: the first job it gets starts at once."""
 
 
-Event = Outcome | ProgressEvent | SlotDied | Retracted
+Event = Outcome | ProgressEvent | SlotDied | Retracted | Started
 
 StopAction = Literal["killing", "flagged", "retracted", "none"]
 """What ``stop_job`` did: signalled the job's process (its slot's death follows),
@@ -116,6 +124,9 @@ class _ProcessSlot:
     """(sequence number, lease) of the jobs handed to the child and not yet reported,
     in the order it runs them."""
     next_seq: int = 1
+    reported_upto: int = 0
+    """The highest sequence number known to have started (reported as ``Started``, or
+    handed to the slot while it was idle)."""
     taken_back_upto: int = 0
     """The highest sequence number taken back from this slot. Until its child has passed
     it (``SEEN``), the slot gets no new job: a new job raises ``LIMIT``, which would let
@@ -276,17 +287,25 @@ class ProcessPool:
             return [lease for s in self._slots for _, lease in s.queue]
 
     def pipelined(self) -> bool:
-        """Some slot holds jobs queued behind the one it runs."""
-        return any(len(s.queue) > 1 for s in self._slots)
+        """Some slot holds jobs queued behind the one it runs, or runs one whose start
+        has not been reported yet (the main loop looks in on them often)."""
+        return any(
+            len(s.queue) > 1 or (s.queue and s.queue[0][0] > s.reported_upto) for s in self._slots
+        )
 
-    def submit(self, slot_index: int, specs: list[JobSpec]) -> None:
+    def submit(self, slot_index: int, specs: list[JobSpec]) -> bool:
         """Hand ``specs`` to one slot, to run after what it holds already (a slot
         :meth:`rooms` offers: never one whose child has not yet passed the jobs taken back
-        from it, which a raised ``LIMIT`` would let it start)."""
+        from it, which a raised ``LIMIT`` would let it start). True if the slot was idle:
+        the first job starts at once, and the worker announces it; the others are
+        reported as they start (``Started``)."""
         with self._lock:
             slot = self._slots[slot_index]
             if slot.taken_back_upto > slot.state.values[SEEN]:
                 raise ValueError(f"slot {slot_index} has jobs taken back it has not passed yet")
+            idle = not slot.queue
+            if idle:
+                slot.reported_upto = slot.next_seq
             batch = []
             for spec in specs:
                 batch.append((slot.next_seq, spec))
@@ -296,6 +315,7 @@ class ProcessPool:
                 slot.state.values[LIMIT] = slot.next_seq - 1
         with contextlib.suppress(OSError):  # it died: its sentinel says so; nothing started
             slot.conn.send(batch)
+        return idle
 
     def waitables(self) -> list[Any]:
         return [s.bell_r for s in self._slots] + [s.sentinel for s in self._slots]
@@ -312,6 +332,8 @@ class ProcessPool:
                 self._read_messages(slot, events)
             if slot.sentinel in ready and not slot.process.is_alive():
                 self._slot_died(slot, events)
+            elif slot.queue:
+                self._report_started(slot, events)
         with self._lock:
             events.extend(self._retracted)
             self._retracted = []
@@ -338,6 +360,21 @@ class ProcessPool:
                     if _take(slot.queue, message[1]):
                         events.append(Retracted((message[1],)))
             # MSG_READY needs nothing.
+
+    def _report_started(self, slot: _ProcessSlot, events: list[Event]) -> None:
+        """Report the queued jobs the child started since the last look (a lock-free read
+        of ``STARTED``: the child only ever raises it). Their outcomes, read later, come
+        after this event."""
+        started = int(slot.state.values[STARTED])
+        if started <= slot.reported_upto:
+            return
+        with self._lock:
+            leases = tuple(
+                lease for seq, lease in slot.queue if slot.reported_upto < seq <= started
+            )
+            slot.reported_upto = started
+        if leases:
+            events.append(Started(leases))
 
     def _slot_died(self, slot: _ProcessSlot, events: list[Event]) -> None:
         slot.process.join(timeout=1)
@@ -563,6 +600,8 @@ class _ThreadSlot:
     stalled: bool = False
     """Its running job ran long with jobs queued behind it (taken back): it gets no more
     until that job returns."""
+    announced: Lease | None = None
+    """The job handed to it while it was idle (the worker announces that one's start)."""
 
 
 class ThreadPool:
@@ -605,6 +644,10 @@ class ThreadPool:
                 if now <= spec.start_by:
                     slot.current = spec.job.lease
                     slot.started_at = now
+                    if slot.announced != spec.job.lease:  # it waited behind another job
+                        self._events.append(Started((spec.job.lease,)))
+                        if not slot.queue:  # the main loop stops looking in often
+                            self._wake()
                     return spec, self._flags[spec.job.lease]
                 self._flags.pop(spec.job.lease, None)
                 self._events.append(Retracted((spec.job.lease,)))
@@ -664,12 +707,17 @@ class ThreadPool:
     def pipelined(self) -> bool:
         return any(s.queue for s in self._slots)
 
-    def submit(self, slot_index: int, specs: list[JobSpec]) -> None:
+    def submit(self, slot_index: int, specs: list[JobSpec]) -> bool:
         with self._work:
             for spec in specs:
                 self._flags[spec.job.lease] = threading.Event()
-            self._slots[slot_index].queue.extend(specs)
+            slot = self._slots[slot_index]
+            idle = slot.current is None and not slot.queue
+            if idle:
+                slot.announced = specs[0].job.lease
+            slot.queue.extend(specs)
             self._work.notify_all()
+        return idle
 
     def waitables(self) -> list[Any]:
         return []
