@@ -30,7 +30,7 @@ from django_leasejobs.leases import Completion, ErrorInfo, Failure, Progress, st
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
 from django_leasejobs.worker.execution import Outcome
 from django_leasejobs.worker.loop import RunningJob
-from django_leasejobs.worker.rounds import RoundContext, RoundPlan, run_round
+from django_leasejobs.worker.rounds import Ending, RoundContext, RoundPlan, run_round
 from tests.helpers_leases import (
     LEASE,
     attempt_rows,
@@ -420,8 +420,8 @@ def test_release_and_cancel_never_wait_for_a_row_locked_elsewhere() -> None:
             leases.mark_cancelled(cancelled.id, cancelled.attempt, WORKER)
         plan = RoundPlan(
             singles=[
-                (_running(released), ("shutdown", "")),
-                (_running(cancelled), ("cancelled", "")),
+                (_running(released), Ending("shutdown", "")),
+                (_running(cancelled), Ending("cancelled", "")),
             ]
         )
         result = run_round(plan, CTX)

@@ -69,7 +69,7 @@ from .execution import (
 from .heartbeat import Heartbeat, NextDue, Watchdog
 from .listener import Listener
 from .pools import Event, ProcessPool, ProgressEvent, Retracted, Room, Started, ThreadPool
-from .rounds import RoundContext, RoundPlan, RoundResult, run_round
+from .rounds import Ending, RoundContext, RoundPlan, RoundResult, Write, run_round
 from .scheduler import Scheduler
 
 logger = logging.getLogger("django_leasejobs")
@@ -212,7 +212,7 @@ class Worker:
         self._prefetch_paused = False
         self._prefetch_limit = float(self.prefetch)
         """The prefetch this worker allows itself now (``PREFETCH_BACKOFF``)."""
-        self._writes: list[tuple[RunningJob, Any]] = []
+        self._writes: list[tuple[RunningJob, Write]] = []
         """Outcomes to record, written in batches by the next database round."""
         self._round_problem = ""
         self.given_up = 0
@@ -697,7 +697,7 @@ class Worker:
         if result.unclaimed:
             queues.update(r.job.queue for r, _ in plan.unclaims if r.job.lease in result.unclaimed)
         for done, (running, what) in zip(result.singles_done, plan.singles, strict=False):
-            if done and what[0] == "shutdown":
+            if done and what.kind == "shutdown":
                 queues.add(running.job.queue)
         if queues:
             leases.notify(NOTIFY_CHANNEL, sorted(queues), using=self.database)
@@ -772,16 +772,15 @@ class Worker:
             if running.recording_since is not None and now - running.recording_since > deadline:
                 self._give_up(running, f"its outcome could not be written for {deadline:g}s")
                 continue
-            kind = _kind_of_write(what)
-            if kind == "success":
+            if isinstance(what, Outcome) and what.ok:
                 plan.successes.append((running, what))
-            elif kind == "failure":
+            elif isinstance(what, Ending) and what.kind == "unclaim":
+                plan.unclaims.append((running, what))
+            elif isinstance(what, Ending) and what.kind in ("shutdown", "cancelled"):
+                plan.singles.append((running, what))
+            else:  # a failed outcome, a killed process, a timeout
                 failure, duration = self._failure(running, what)
                 plan.failures.append((running, what, failure, duration))
-            elif kind == "unclaim":
-                plan.unclaims.append((running, what))
-            else:
-                plan.singles.append((running, what))
         return plan
 
     def _finish_round(self) -> None:
@@ -791,7 +790,7 @@ class Worker:
         plan, future = self._round
         self._round = None
         result: RoundResult = future.result()
-        requeue: list[tuple[RunningJob, Any]] = []
+        requeue: list[tuple[RunningJob, Write]] = []
         finishing = [r for r, _ in plan.successes] + [r for r, *_ in plan.failures]
         for running in finishing:
             running.finished_at = result.finished_at.get(running.job.lease)
@@ -812,11 +811,11 @@ class Worker:
             if index >= len(result.singles_done) or running.job.lease in result.skipped:
                 requeue.append((running, what))
             elif result.singles_done[index]:
-                self._guarded(running, self._after_single, running, what[0])
+                self._guarded(running, self._after_single, running, what.kind)
             elif running.job.lease in result.unwritable:
                 self._give_up(running, result.unwritable[running.job.lease])
             else:
-                self._lost_on_write(running, "release" if what[0] == "shutdown" else "cancel")
+                self._lost_on_write(running, "release" if what.kind == "shutdown" else "cancel")
         if result.unclaimed is None:
             requeue += plan.unclaims
         else:
@@ -1172,7 +1171,7 @@ class Worker:
             elif running.stop_reason is not None:
                 self._job_stopped(running, event.exit_description)
             else:
-                self._record(running, ("killed", event.exit_description))
+                self._record(running, Ending("killed", event.exit_description))
 
     def _back_to_ready(self, event: Retracted) -> None:
         """Jobs a slot gave back before they started: first in line again, in order."""
@@ -1197,13 +1196,13 @@ class Worker:
             # Never started: given back, its attempt unused. (One announced but given
             # back unstarted, as its idle slot died or a stop took it back, keeps its
             # attempt: it is released or cancelled below, like a job that ran.)
-            self._record(running, ("unclaim", description))
+            self._record(running, Ending("unclaim", description))
         elif reason == "timeout":
-            self._record(running, ("timeout", description))
+            self._record(running, Ending("timeout", description))
         elif reason == "cancelled":
-            self._record(running, ("cancelled", description))
+            self._record(running, Ending("cancelled", description))
         else:
-            self._record(running, ("shutdown", description))
+            self._record(running, Ending("shutdown", description))
 
     def _forget(self, running: RunningJob, *, ran: bool = True) -> None:
         with self.lock:
@@ -1211,7 +1210,7 @@ class Worker:
         if ran:
             self.finished_jobs += 1
 
-    def _record(self, running: RunningJob, what: Any) -> None:
+    def _record(self, running: RunningJob, what: Write) -> None:
         """Queue how an attempt ended; the next database round writes it (fenced)."""
         with self.lock:
             running.recording = True
@@ -1221,23 +1220,22 @@ class Worker:
 
     # ------------------------------------------------------------------ after a round
 
-    def _failure(self, running: RunningJob, what: Any) -> tuple[Failure, float]:
+    def _failure(self, running: RunningJob, what: Write) -> tuple[Failure, float]:
         """The Failure to write for an outcome that is not a success, and its duration."""
         job = running.job
         if isinstance(what, Outcome):
             error = what.error or ErrorInfo("django_leasejobs.exceptions.JobFailure")
             failure = self._decided(running, error, AttemptOutcome.ERROR, what.verdict)
             return failure, what.duration
-        kind, description = what
-        if kind == "timeout":
+        if what.kind == "timeout":
             error = ErrorInfo(
                 TIMEOUT_ERROR_CLASS,
-                f"attempt ran past its timeout of {job.timeout:g}s and {description}",
+                f"attempt ran past its timeout of {job.timeout:g}s and {what.description}",
             )
             outcome = AttemptOutcome.TIMEOUT
         else:
             error = ErrorInfo(
-                "django_leasejobs.exceptions.JobKilled", f"the job's process {description}"
+                "django_leasejobs.exceptions.JobKilled", f"the job's process {what.description}"
             )
             outcome = AttemptOutcome.KILLED
         failure = self._decided(running, error, outcome, RETRIED)
@@ -1429,15 +1427,3 @@ class Worker:
         if status == JobStatus.SUCCEEDED:
             object.__setattr__(finished, "_return_value", result)
         return finished
-
-
-def _kind_of_write(what: Any) -> str:
-    """Which part of a :class:`RoundPlan` an outcome goes to."""
-    if isinstance(what, Outcome):
-        return "success" if what.ok else "failure"
-    kind = what[0]
-    if kind in ("killed", "timeout"):
-        return "failure"
-    if kind == "unclaim":
-        return "unclaim"
-    return "single"  # "shutdown" (release) and "cancelled"

@@ -22,7 +22,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
 
@@ -31,6 +31,7 @@ from ..exceptions import LeaseLost, RowLocked
 from ..leases import ClaimedJob, Completion, ErrorInfo, Failure, WriteResult, storable_text
 from ..limits import FlowRules
 from ..models import AttemptOutcome, JobAttempt, JobStatus
+from .execution import Outcome
 
 if TYPE_CHECKING:
     from .loop import RunningJob
@@ -38,18 +39,35 @@ if TYPE_CHECKING:
 Lease = tuple[int, int]
 Row = TypeVar("Row", Completion, Failure)
 
+EndingKind = Literal["killed", "timeout", "cancelled", "shutdown", "unclaim"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How an attempt ended that reported no outcome of its own, as the worker saw it:
+    its process died (``killed``), the worker stopped it for its timeout, a cancel or a
+    shutdown (``shutdown``: released back to pending), or it never started and goes back
+    unused (``unclaim``). ``description`` says what happened to its process."""
+
+    kind: EndingKind
+    description: str
+
+
+Write = Outcome | Ending
+"""What the worker records about one attempt: the slot's outcome, or an ending."""
+
 
 @dataclass(eq=False)
 class RoundPlan:
     """What one round writes and claims. Built and read by the main loop only."""
 
-    successes: list[tuple[RunningJob, Any]] = field(default_factory=list)
+    successes: list[tuple[RunningJob, Outcome]] = field(default_factory=list)
     """(job, its Outcome)"""
-    failures: list[tuple[RunningJob, Any, Failure, float]] = field(default_factory=list)
+    failures: list[tuple[RunningJob, Write, Failure, float]] = field(default_factory=list)
     """(job, what happened, the Failure to write, the attempt's duration)"""
-    singles: list[tuple[RunningJob, Any]] = field(default_factory=list)
-    """(job, ("shutdown" | "cancelled", description)): one transition each, rare."""
-    unclaims: list[tuple[RunningJob, Any]] = field(default_factory=list)
+    singles: list[tuple[RunningJob, Ending]] = field(default_factory=list)
+    """Releases at shutdown and cancels: one transition each, rare."""
+    unclaims: list[tuple[RunningJob, Ending]] = field(default_factory=list)
     """Prefetched jobs that never started, given back."""
     claim_limit: int = 0
     look_first: bool = False
@@ -222,10 +240,10 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
     if plan.failures:
         _write_failures([failure for _, _, failure, _ in plan.failures], ctx, result)
         result.wrote_failures = True
-    for running, (kind, _description) in plan.singles:
+    for running, ending in plan.singles:
         job = running.job
         try:
-            if kind == "shutdown":
+            if ending.kind == "shutdown":
                 leases.release(job.id, job.attempt, worker, using=using)
             else:
                 leases.mark_cancelled(job.id, job.attempt, worker, using=using)
