@@ -198,14 +198,20 @@ def freeze(worker: WorkerProcess) -> None:
 
 
 def wait_lease_expired(job_id: Any, timeout: float) -> None:
-    wait_until(
-        lambda: Job.objects.filter(
-            pk=job_id, status=JobStatus.RUNNING, locked_until__lt=Now()
-        ).exists(),
-        timeout,
-        interval=0.05,
-        what=f"the lease of job {job_id} to expire (database clock)",
-    )
+    """Wait until the running job's lease is in the past by the database's clock; on a
+    time-out, say what the row and the clock said (a CI run once timed out here)."""
+    try:
+        wait_until(
+            lambda: Job.objects.filter(
+                pk=job_id, status=JobStatus.RUNNING, locked_until__lt=Now()
+            ).exists(),
+            timeout,
+            interval=0.05,
+            what=f"the lease of job {job_id} to expire (database clock)",
+        )
+    except AssertionError as exc:
+        row = Job.objects.filter(pk=job_id).values("status", "attempt", "locked_by", "locked_until")
+        raise AssertionError(f"{exc}; the row: {list(row)}; database now: {db_now()}") from None
 
 
 def take_lease_away(job_id: Any, new_owner: str = "other") -> None:
@@ -335,7 +341,7 @@ def test_lock_loss_while_frozen_kills_the_job_and_keeps_the_newer_attempt(
     freeze(worker)
     try:
         # The worker cannot renew any more; its slot (and the job) runs on.
-        wait_lease_expired(result.id, timeout=8)
+        wait_lease_expired(result.id, timeout=15)
         assert alive(pids) == pids
         take_lease_away(int(result.id))  # the worker's own reaper is frozen too: reap from here
     finally:
@@ -403,7 +409,7 @@ def test_sigterm_mode_kills_the_group_after_the_grace_when_the_job_exits_alone(
 
     freeze(worker)
     try:
-        wait_lease_expired(result.id, timeout=8)
+        wait_lease_expired(result.id, timeout=15)
         take_lease_away(int(result.id))
     finally:
         os.kill(worker.pid, signal.SIGCONT)
