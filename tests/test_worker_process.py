@@ -168,14 +168,16 @@ def _sqlite_write_lock_free() -> bool:
         probe.close()
 
 
-def freeze(worker: WorkerProcess) -> None:
+def freeze(worker: WorkerProcess, job_id: Any) -> None:
     """SIGSTOP the worker process itself (not its slots, which keep running).
 
     On SQLite a process stopped in the middle of a write transaction (its reaper's, say)
     would keep the database's write lock for as long as it is stopped, and the test
-    could not write: thaw it and try again until it stops outside of one. PostgreSQL
-    needs no such care: the worker's statements run in autocommit and lock no job row
-    outside of a statement.
+    could not write: thaw it and try again until it stops outside of one. After each
+    thaw, wait until the worker renewed the lease of its job ``job_id``: stopped again
+    and again before it could renew, its lease would expire and its own reaper would
+    take the job back (seen once in CI under load). PostgreSQL needs no such care: the
+    worker's statements run in autocommit and lock no job row outside of a statement.
     """
     for _ in range(50):
         os.kill(worker.pid, signal.SIGSTOP)
@@ -194,7 +196,23 @@ def freeze(worker: WorkerProcess) -> None:
             interval=0.01,
             what="the worker to resume",
         )
+        before = _lease_end(job_id)
+        wait_until(
+            lambda before=before: _renewed_after(job_id, before),
+            10,
+            what=f"the worker to renew the lease of job {job_id} after the thaw",
+        )
     raise AssertionError("could not stop the worker outside of a write transaction")
+
+
+def _lease_end(job_id: Any) -> Any:
+    return Job.objects.filter(pk=job_id).values_list("locked_until", flat=True).first()
+
+
+def _renewed_after(job_id: Any, before: Any) -> bool:
+    """The job's lease now ends later than ``before`` (a renewal came since)."""
+    now = _lease_end(job_id)
+    return now is not None and before is not None and now > before
 
 
 def wait_lease_expired(job_id: Any, timeout: float) -> None:
@@ -338,7 +356,7 @@ def test_lock_loss_while_frozen_kills_the_job_and_keeps_the_newer_attempt(
     job_pid = pids[0]
     sigterm_marker = Path(marker_dir) / "j.sigterm"
 
-    freeze(worker)
+    freeze(worker, result.id)
     try:
         # The worker cannot renew any more; its slot (and the job) runs on.
         wait_lease_expired(result.id, timeout=15)
@@ -407,7 +425,7 @@ def test_sigterm_mode_kills_the_group_after_the_grace_when_the_job_exits_alone(
     result = tasks_worker_faults.spawn_and_exit_on_sigterm.enqueue(marker_dir, "g")
     job_pid, grandchild = wait_for_pids(workers, marker_dir, "g")
 
-    freeze(worker)
+    freeze(worker, result.id)
     try:
         wait_lease_expired(result.id, timeout=15)
         take_lease_away(int(result.id))
