@@ -270,6 +270,9 @@ def test_an_idle_listening_worker_holds_three_connections_and_commits_once_per_t
     require_postgresql()
     worker = workers.start(options=TICKS, args=ARGS, env=FRESH)
     listening_and_idle(worker)
+    # Settled: two ticks since the first idle wait (a start-up look may come meanwhile).
+    first = len(ticks(worker))
+    wait_until(lambda: len(ticks(worker)) >= first + 2, timeout=10, what="two ticks")
     looked = len(idle_waits(worker))
     seen = len(ticks(worker))
     wait_until(
