@@ -184,15 +184,14 @@ class Heartbeat(_WorkerThread):
     def _renew_leases(self) -> int:
         """Renew every lease the worker holds; how many it tried (0: it holds none)."""
         worker = self.worker
-        # An outcome that could not be written for this long is not renewed any more: the
-        # lease runs out and the reaper takes the job back (the worker gives it up).
-        unrecorded_since = time.monotonic() - worker.options.local_lease_deadline
+        # Every lease the worker still holds: running, waiting for a slot, being stopped,
+        # or waiting for its outcome to be written (however long that takes: a slow write
+        # is no fault). Only a lease presumed lost is let go.
         with worker.lock:
             wanted = {
                 lease: running.progress
                 for lease, running in worker.running.items()
-                if running.stop_reason is None
-                and (running.recording_since is None or running.recording_since > unrecorded_since)
+                if running.stop_reason != "lease_lost"
             }
             being_written = {
                 lease for lease, running in worker.running.items() if running.recording

@@ -119,6 +119,18 @@ one at a time. A job with a timeout is only handed to an idle slot, first of its
 PIPELINE_DEPTH = 64
 """Jobs a slot holds at most (the one it runs and those queued behind it)."""
 
+ISOLATE_AFTER = 3
+"""An outcome whose round failed this many times as a whole (a connection-level error)
+while the database went on renewing its lease is written alone in the next round: the
+database answers, but not to that write (a value that breaks the connection, such as a
+packet over MySQL's ``max_allowed_packet``). Failing alone too, it is given up."""
+
+SLOW_ROUND_SHARE = 0.1
+"""A database round that takes longer than this share of ``LEASE_DURATION`` (from the
+hand-over to the database thread until the main loop reads its result) makes the worker
+claim for its free slots only, without prefetching, until a round is quick again: under
+overload it holds no more leases than it can run and record in time."""
+
 PIPELINE_RETRACT_AFTER = 0.05
 """Jobs queued behind one that has run this long (seconds) are taken back from its slot
 and handed to another: a long job among short ones holds others back this long at most."""
@@ -168,9 +180,15 @@ class RunningJob:
     stop_detail: str = ""
     recording: bool = False
     """The main loop is writing this attempt's outcome: a renewal that misses it is no news."""
-    recording_since: float | None = None
-    """When the outcome was first queued for writing (monotonic): past the local lease
-    deadline the worker gives it up instead of renewing the lease for ever."""
+    write_failures: int = 0
+    """Database rounds that carried this attempt's outcome and failed as a whole (a
+    connection-level error). A slow or failing write is retried while the lease holds."""
+    write_failed_at: float = 0.0
+    """When the last of those rounds ended (monotonic)."""
+    write_error: str = ""
+    """What the last of those rounds failed with."""
+    written_alone: bool = False
+    """Its outcome was written in a round of its own (``ISOLATE_AFTER``)."""
     finished_at: datetime | None = None
     """The job's ``finished_at`` as the round wrote it (for ``task_finished``)."""
     history: list[JobAttempt] | None = None
@@ -212,6 +230,8 @@ class Worker:
         self._prefetch_paused = False
         self._prefetch_limit = float(self.prefetch)
         """The prefetch this worker allows itself now (``PREFETCH_BACKOFF``)."""
+        self._rounds_slow = False
+        """The last database round was slow (``SLOW_ROUND_SHARE``): no prefetch."""
         self._writes: list[tuple[RunningJob, Write]] = []
         """Outcomes to record, written in batches by the next database round."""
         self._round_problem = ""
@@ -219,6 +239,7 @@ class Worker:
         """Attempts whose outcome could not be recorded at all (left to the reaper)."""
         self._last_give_up: tuple[float, str] | None = None
         self._round: tuple[RoundPlan, Future[RoundResult]] | None = None
+        self._round_started = 0.0
         self._db: ThreadPoolExecutor
         self._db_failures = 0
         self._retry_at = 0.0
@@ -602,7 +623,7 @@ class Worker:
         """How many jobs to hold beyond the free slots: about ``PREFETCH_WORK_SECONDS`` of
         work per slot at the recent jobs' mean run time, at most ``self.prefetch``."""
         mean = self._mean_duration
-        if mean is None or not self.prefetch or self._prefetch_paused:
+        if mean is None or not self.prefetch or self._prefetch_paused or self._rounds_slow:
             return 0
         per_slot = int(PREFETCH_WORK_SECONDS / max(mean, 1e-4))
         return min(self.prefetch, int(self._prefetch_limit), per_slot * self.config.concurrency)
@@ -629,6 +650,10 @@ class Worker:
         if not self._writes and not (limit and claim_due):
             return
         plan = self._plan(limit if claim_due else 0)
+        if self._writes:
+            # Outcomes wait beyond this round (a backlog, or rows to write again): hold
+            # no leases beyond the free slots until they are written.
+            plan.claim_limit = min(plan.claim_limit, self.pool.free_slots())
         if not plan.writes and not plan.claim_limit:
             return
         if plan.claim_limit:
@@ -649,6 +674,7 @@ class Worker:
         future = self._db.submit(self._run_round, plan, ctx)
         future.add_done_callback(lambda _: self.wake())  # runs once done() is true
         self._round = (plan, future)
+        self._round_started = now
 
     def _run_round(self, plan: RoundPlan, ctx: RoundContext) -> RoundResult:
         """One round, in the database thread; then what the idle wait needs.
@@ -757,21 +783,49 @@ class Worker:
             self._next_poll = time.monotonic() + self._until_next_look()
 
     def _plan(self, claim_limit: int) -> RoundPlan:
-        """Sort the queued outcomes into a round; drop those whose lease is presumed lost."""
-        writes = self._writes[:MAX_ROUND_WRITES]
-        del self._writes[:MAX_ROUND_WRITES]
+        """Sort the queued outcomes into a round.
+
+        Every outcome is written, however late: the write is fenced, so one whose lease
+        was lost meanwhile matches no row (the loss is reported then), and one that was
+        merely slow to write is recorded instead of run again. Only an outcome the
+        database refuses is given up (``ISOLATE_AFTER``, and the bulkhead of
+        ``rounds.py``).
+        """
         # Earlier attempts' rows are only for receivers of the site's: Django's own log
         # receiver reads none of them.
         plan = RoundPlan(claim_limit=claim_limit, history=has_other_receivers(task_finished))
-        now = time.monotonic()
-        deadline = self.options.local_lease_deadline
+        while (suspect := self._suspect_write()) is not None:
+            self._writes.remove(suspect)
+            running = suspect[0]
+            if not running.written_alone:
+                running.written_alone = True
+                plan.claim_limit = 0  # this round tells whether the database takes it
+                self._sort_into(plan, [suspect])
+                return plan
+            self._give_up(
+                running,
+                f"the database refused its outcome {running.write_failures} times while "
+                f"it renewed the lease, alone too: {running.write_error}",
+            )
+        writes = self._writes[:MAX_ROUND_WRITES]
+        del self._writes[:MAX_ROUND_WRITES]
+        self._sort_into(plan, writes)
+        return plan
+
+    def _suspect_write(self) -> tuple[RunningJob, Write] | None:
+        """A queued outcome whose rounds failed ``ISOLATE_AFTER`` times while its lease
+        was renewed after the last failure (the database answers, but not that write)."""
+        for item in self._writes:
+            running = item[0]
+            if (
+                running.write_failures >= ISOLATE_AFTER
+                and running.last_renewed > running.write_failed_at
+            ):
+                return item
+        return None
+
+    def _sort_into(self, plan: RoundPlan, writes: list[tuple[RunningJob, Write]]) -> None:
         for running, what in writes:
-            if now - running.last_renewed > deadline:
-                self._give_up(running, "its lease is presumed lost (no renewal in time)")
-                continue
-            if running.recording_since is not None and now - running.recording_since > deadline:
-                self._give_up(running, f"its outcome could not be written for {deadline:g}s")
-                continue
             if isinstance(what, Outcome) and what.ok:
                 plan.successes.append((running, what))
             elif isinstance(what, Ending) and what.kind == "unclaim":
@@ -781,7 +835,6 @@ class Worker:
             else:  # a failed outcome, a killed process, a timeout
                 failure, duration = self._failure(running, what)
                 plan.failures.append((running, what, failure, duration))
-        return plan
 
     def _finish_round(self) -> None:
         """Act on what the database said: log, signal, forget; queue again what was not
@@ -825,11 +878,18 @@ class Worker:
             self._flow_held_until = time.monotonic() + self.options.poll_interval
         if result.claimed is not None:
             self._take_claimed(result.claimed, plan.claim_limit)
+        self._note_round_time(time.monotonic() - self._round_started)
         if result.error is not None:
             self._db_failures += 1
             delay = min(5.0, 0.2 * 2**self._db_failures) * random.uniform(0.8, 1.2)  # noqa: S311
             self._retry_at = time.monotonic() + delay
             error = storable_text(result.error, 500)
+            failed_at = time.monotonic()
+            for running, _ in requeue:
+                if running.job.lease not in result.skipped:
+                    running.write_failures += 1
+                    running.write_failed_at = failed_at
+                    running.write_error = error
             self._round_problem = f"database rounds failing ({self._db_failures} in a row): {error}"
             logger.warning(
                 "database error in the worker (attempt %d), reconnecting: %s",
@@ -840,6 +900,18 @@ class Worker:
         else:
             self._db_failures = 0
             self._round_problem = ""
+
+    def _note_round_time(self, took: float) -> None:
+        """Claim less while rounds are slow (``SLOW_ROUND_SHARE``)."""
+        slow = took > SLOW_ROUND_SHARE * self.options.lease_duration
+        if slow != self._rounds_slow:
+            self._rounds_slow = slow
+            logger.info(
+                "database round took %.3fs: %s",
+                took,
+                "claiming for free slots only, no prefetch" if slow else "prefetching again",
+                extra={"worker": self.worker_id, "duration": round(took, 6)},
+            )
 
     def _after_success_write(
         self, running: RunningJob, outcome: Outcome, result: RoundResult
@@ -1214,8 +1286,6 @@ class Worker:
         """Queue how an attempt ended; the next database round writes it (fenced)."""
         with self.lock:
             running.recording = True
-            if running.recording_since is None:
-                running.recording_since = time.monotonic()
         self._writes.append((running, what))
 
     # ------------------------------------------------------------------ after a round
