@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import django
 from django.core.exceptions import ImproperlyConfigured
@@ -100,6 +100,10 @@ else:  # Django 5.2 with the django-tasks backport
 
     USING_BACKPORT = True
 
+AnyTask: TypeAlias = "Task[..., Any]"
+"""A task of any signature and return type (what the registry resolves a job's path to)."""
+AnyTaskResult: TypeAlias = "TaskResult[Any, Any]"
+
 _TASKS_LOG = logging.getLogger(TASKS_LOGGER)
 
 _OWN_LOG_RECEIVERS = {
@@ -137,6 +141,8 @@ __all__ = [
     "TASK_MAX_PRIORITY",
     "TASK_MIN_PRIORITY",
     "USING_BACKPORT",
+    "AnyTask",
+    "AnyTaskResult",
     "BaseTaskBackend",
     "InvalidTask",
     "MissingTasksBackport",

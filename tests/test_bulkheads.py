@@ -29,7 +29,7 @@ from django_leasejobs.exceptions import LeaseLost, RowLocked
 from django_leasejobs.leases import Completion, ErrorInfo, Failure, Progress, storable_text
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
 from django_leasejobs.worker.execution import Outcome
-from django_leasejobs.worker.loop import RunningJob
+from django_leasejobs.worker.jobs import RunningJob
 from django_leasejobs.worker.rounds import Ending, RoundContext, RoundPlan, run_round
 from tests.helpers_leases import (
     LEASE,
@@ -176,7 +176,7 @@ def test_rows_with_wrong_json_types_claim_as_jobs_that_cannot_run() -> None:
 
 def _running(claimed: leases.ClaimedJob) -> RunningJob:
     now = time.monotonic()
-    return RunningJob(job=claimed, task=None, started=now, last_renewed=now)
+    return RunningJob(job=claimed, task=None, started=now)
 
 
 def _success(claimed: leases.ClaimedJob, result: Any) -> tuple[RunningJob, Outcome]:

@@ -7,7 +7,6 @@ reap pass; these tests record, for each statement, whether it ran inside a trans
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -31,10 +30,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def worker() -> Iterator[Worker]:
     worker = Worker(WorkerConfig(pool="thread", concurrency=1, worker_id="tick-worker"))
-    worker.register()
+    worker.registration.register()
     yield worker
-    os.close(worker._wake_r)
-    os.close(worker._wake_w)
+    worker.inbox.close()
 
 
 class Statements:
@@ -62,7 +60,7 @@ def tick(worker: Worker, heartbeat: Heartbeat, *, beat: bool, reap: bool) -> Sta
 
 
 def test_an_idle_ticks_touch_and_reap_pass_share_one_transaction(worker: Worker) -> None:
-    heartbeat = Heartbeat(worker, threading.Event())
+    heartbeat = Heartbeat(worker.thread_context(), threading.Event())
     first = tick(worker, heartbeat, beat=True, reap=True)
     assert first.on("leasejobs_worker") == [True], first.seen
     assert first.on("leasejobs_job") and all(first.on("leasejobs_job")), first.seen
@@ -79,16 +77,17 @@ def test_an_idle_ticks_touch_and_reap_pass_share_one_transaction(worker: Worker)
 
 
 def test_a_changed_state_is_written_on_the_next_beat(worker: Worker) -> None:
-    heartbeat = Heartbeat(worker, threading.Event())
+    heartbeat = Heartbeat(worker.thread_context(), threading.Event())
     tick(worker, heartbeat, beat=True, reap=False)
     worker.stopping = True
+    worker._publish_status()  # (the main loop publishes its state each pass)
     statements = tick(worker, heartbeat, beat=True, reap=False)
     assert statements.on("leasejobs_worker") == [False], statements.seen
     assert WorkerRow.objects.get(pk=worker.worker_id).state == "stopping"
 
 
 def test_a_deleted_registry_row_is_put_back(worker: Worker) -> None:
-    heartbeat = Heartbeat(worker, threading.Event())
+    heartbeat = Heartbeat(worker.thread_context(), threading.Event())
     WorkerRow.objects.filter(pk=worker.worker_id).delete()
     tick(worker, heartbeat, beat=True, reap=True)
     assert WorkerRow.objects.filter(pk=worker.worker_id).exists()
@@ -108,7 +107,7 @@ def test_the_combined_tick_reaps_and_announces_after_commit(worker: Worker) -> N
 
     job_reaped.connect(receiver, dispatch_uid="test-heartbeat-reaped")
     try:
-        heartbeat = Heartbeat(worker, threading.Event())
+        heartbeat = Heartbeat(worker.thread_context(), threading.Event())
         statements = tick(worker, heartbeat, beat=True, reap=True)
     finally:
         job_reaped.disconnect(dispatch_uid="test-heartbeat-reaped")

@@ -118,16 +118,20 @@ def test_a_second_alias_of_the_test_database() -> None:
 # --------------------------------------------------------------------------- the listener
 
 
-class StandInWorker(SimpleNamespace):
-    """What a Listener reads of its worker; counts the wake-ups it is asked for."""
+class CountingInbox:
+    """Stands in for the worker's inbox: counts what the listener posts."""
 
-    def notify_jobs(self) -> None:
-        self.woken += 1
+    def __init__(self) -> None:
+        self.posted: list[object] = []
+
+    def post(self, message: object) -> None:
+        self.posted.append(message)
 
 
-def stand_in(options: Options, database: str = "default") -> StandInWorker:
-    return StandInWorker(
-        options=options, database=database, worker_id="w-pooler", queues=None, woken=0
+def stand_in(options: Options, database: str = "default") -> SimpleNamespace:
+    """What a Listener reads of its ``ThreadContext``."""
+    return SimpleNamespace(
+        options=options, database=database, worker_id="w-pooler", queues=None, inbox=CountingInbox()
     )
 
 
@@ -146,7 +150,7 @@ def test_disable_server_side_cursors_means_pooled_without_connecting(
     assert "DISABLE_SERVER_SIDE_CURSORS" in record.getMessage()
     assert 'OPTIONS["LISTEN_DATABASE"]' in record.getMessage()
     assert "polls every 2.5s" in record.getMessage()
-    assert worker.woken == 0
+    assert worker.inbox.posted == []
 
 
 @pytest.mark.django_db

@@ -11,7 +11,6 @@ what these tests count.
 from __future__ import annotations
 
 import copy
-import os
 import re
 from datetime import timedelta
 
@@ -221,8 +220,7 @@ def test_the_listen_database_connection_gets_the_workers_tcp_hardening(
     backend = {"BACKEND": "django_leasejobs.backend.LeaseJobsBackend", "OPTIONS": options}
     with override_settings(TASKS={"default": backend}):
         worker = Worker(WorkerConfig(pool="thread", concurrency=1))
-        os.close(worker._wake_r)
-        os.close(worker._wake_w)
+        worker.inbox.close()
     params = listen_connection_params(alias)
     assert params["tcp_user_timeout"] == 12_000
     assert params["keepalives"] == 1

@@ -216,4 +216,5 @@ def database_now(using: str = "default") -> datetime:
         value = datetime.fromisoformat(value)
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
+    now: datetime = value.astimezone(UTC)
+    return now

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..backend import live_result, task_as_enqueued, task_error
-from ..compat import Task, TaskContext, TaskError, TaskResult
+from ..compat import AnyTask, AnyTaskResult, TaskContext, TaskError
 from ..exceptions import InvalidTaskArguments, UnknownTask
 from ..leases import (
     MAX_PROGRESS_MESSAGE_LENGTH,
@@ -74,7 +74,7 @@ ProgressSink = Callable[[tuple[int, int], float | None, str | None], None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class JobContext(TaskContext):  # type: ignore[misc]
+class JobContext(TaskContext):  # type: ignore[misc, type-arg]
     """The context a ``takes_context=True`` task receives.
 
     Besides django.tasks' ``task_result`` it offers ``job_id``, ``attempt`` (the
@@ -153,13 +153,13 @@ def error_info(exc: BaseException) -> ErrorInfo:
 
 def running_result(
     job: ClaimedJob,
-    task: Task,
+    task: AnyTask,
     backend: str,
     worker_id: str,
     *,
     status: str = JobStatus.RUNNING,
     return_value: Any = None,
-) -> TaskResult:
+) -> AnyTaskResult:
     """The django.tasks view of a claimed attempt, from what its claim returned: the
     task as it was enqueued, and the job's enqueue, first start and this attempt's
     start times (for ``task_started`` and the task's context)."""
@@ -244,7 +244,7 @@ def _attempt(
 
 def attempt_failure(
     job: ClaimedJob,
-    task: Task | None,
+    task: AnyTask | None,
     error: ErrorInfo,
     outcome: str,
     verdict: Verdict,
@@ -275,7 +275,7 @@ def attempt_failure(
     )
 
 
-def retry_delay(job: ClaimedJob, task: Task | None, default_backoff: Backoff) -> float:
+def retry_delay(job: ClaimedJob, task: AnyTask | None, default_backoff: Backoff) -> float:
     """The dict policy's delay: the job's own, else its task's, else the backend's (a
     callable backoff is called in the slot, with the exception: ``retry.verdict``)."""
     policy: Backoff | None = None

@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 
 from ..backend import NOTIFY_CHANNEL
-from .heartbeat import _WorkerThread
+from .inbox import JobsMayBeReady, Listening
+from .threads import ThreadContext, WorkerThread
 
 if TYPE_CHECKING:
     import psycopg
 
-    from .loop import Worker
 
 logger = logging.getLogger("django_leasejobs")
 
@@ -128,13 +128,13 @@ def pooler_in_between(conn: psycopg.Connection[Any]) -> str:
     return ""
 
 
-class Listener(_WorkerThread):
-    def __init__(self, worker: Worker, stop: threading.Event) -> None:
-        super().__init__(worker, stop, "listener")
-        configured = worker.options.listen_database
+class Listener(WorkerThread):
+    def __init__(self, ctx: ThreadContext, stop: threading.Event) -> None:
+        super().__init__(ctx, stop, "listener")
+        configured = ctx.options.listen_database
         self.trusted = configured is not None
         """``LISTEN_DATABASE`` is set: its connection is taken as direct, unexamined."""
-        self.alias = configured if configured is not None else worker.database
+        self.alias = configured if configured is not None else ctx.database
 
     def _poll_instead(self, why: str) -> None:
         logger.warning(
@@ -145,8 +145,8 @@ class Listener(_WorkerThread):
             "database directly.",
             self.alias,
             why,
-            self.worker.options.poll_interval,
-            extra={"worker": self.worker.worker_id, "database": self.alias},
+            self.ctx.options.poll_interval,
+            extra={"worker": self.ctx.worker_id, "database": self.alias},
         )
 
     def loop(self) -> None:
@@ -172,28 +172,27 @@ class Listener(_WorkerThread):
                     logger.info(
                         "listening for new jobs on database %r",
                         self.alias,
-                        extra={"worker": self.worker.worker_id, "database": self.alias},
+                        extra={"worker": self.ctx.worker_id, "database": self.alias},
                     )
                     try:
                         # From now on NOTIFY wakes the worker: idle, it polls only every
                         # IDLE_POLL_INTERVAL and when its next delayed job comes due.
-                        self.worker.listening = True
-                        self.worker.notify_jobs()  # jobs may have come while not listening
+                        # (and a claim now: jobs may have come while not listening)
+                        self.ctx.inbox.post(Listening(True))
+                        queues = self.ctx.queues
                         while not self.stop_event.is_set():
                             for notify in conn.notifies(timeout=0.5):
-                                queues = self.worker.queues
                                 if queues is None or notify.payload in queues:
-                                    self.worker.notify_jobs()
+                                    self.ctx.inbox.post(JobsMayBeReady())
                     finally:
                         # Back to polling every POLL_INTERVAL at once (a claim now, too:
                         # jobs may be enqueued while nothing listens).
-                        self.worker.listening = False
-                        self.worker.notify_jobs()
+                        self.ctx.inbox.post(Listening(False))
             except psycopg.Error as exc:
                 failures += 1
                 logger.warning(
                     "LISTEN connection failed (%s); polling meanwhile",
                     exc,
-                    extra={"worker": self.worker.worker_id, "error": str(exc)},
+                    extra={"worker": self.ctx.worker_id, "error": str(exc)},
                 )
                 self.stop_event.wait(min(10.0, 0.5 * 2**failures))

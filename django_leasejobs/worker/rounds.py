@@ -22,7 +22,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
 
@@ -32,9 +32,7 @@ from ..leases import ClaimedJob, Completion, ErrorInfo, Failure, WriteResult, st
 from ..limits import FlowRules
 from ..models import AttemptOutcome, JobAttempt, JobStatus
 from .execution import Outcome
-
-if TYPE_CHECKING:
-    from .loop import RunningJob
+from .jobs import RunningJob
 
 Lease = tuple[int, int]
 Row = TypeVar("Row", Completion, Failure)
@@ -110,6 +108,9 @@ class RoundResult:
     claimed: list[ClaimedJob] | None = None
     flow_held: bool = False
     """Flow limits held due jobs back in this round's claim."""
+    next_due: float | None = None
+    """After an empty claim of a listening worker: seconds until its next pending job
+    comes due (None: none pending, or not looked up)."""
     error: Exception | None = None
 
 

@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
 
 from django.db import DatabaseError
 
 from ..schedules.scheduler import run_pass
-from .heartbeat import _WorkerThread
-
-if TYPE_CHECKING:
-    from .loop import Worker
+from .threads import ThreadContext, WorkerThread
 
 logger = logging.getLogger("django_leasejobs")
 
@@ -27,24 +23,24 @@ MAX_WAIT = 10.0
 MIN_WAIT = 0.01
 
 
-class Scheduler(_WorkerThread):
-    def __init__(self, worker: Worker, stop: threading.Event) -> None:
-        super().__init__(worker, stop, "scheduler")
+class Scheduler(WorkerThread):
+    def __init__(self, ctx: ThreadContext, stop: threading.Event) -> None:
+        super().__init__(ctx, stop, "scheduler")
 
     def loop(self) -> None:
-        worker = self.worker
+        ctx = self.ctx
         wait = 0.0
         while not self.stop_event.wait(wait):
             try:
-                report = run_pass(worker.backend, scheduler=worker.worker_id)
+                report = run_pass(ctx.backend, scheduler=ctx.worker_id)
             except DatabaseError as exc:
                 logger.warning(
                     "scheduler pass failed: %s",
                     exc,
-                    extra={"worker": worker.worker_id, "error": str(exc)},
+                    extra={"worker": ctx.worker_id, "error": str(exc)},
                 )
                 self._reset_connection()
-                wait = min(MAX_WAIT, max(worker.options.poll_interval, 1.0))
+                wait = min(MAX_WAIT, max(ctx.options.poll_interval, 1.0))
                 continue
             if report.next_due is None:
                 wait = MAX_WAIT

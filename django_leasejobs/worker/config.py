@@ -1,0 +1,42 @@
+"""How one worker process is configured (``runworker``'s options)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Literal
+
+from django.utils.crypto import get_random_string
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    backend: str = "default"
+    queues: tuple[str, ...] | None = None
+    """Queues to take jobs from; None = every queue of the backend (``QUEUES``)."""
+    concurrency: int = field(default_factory=lambda: os.cpu_count() or 1)
+    pool: Literal["process", "thread"] = "process"
+    burst: bool = False
+    max_jobs: int | None = None
+    worker_id: str | None = None
+    shutdown_timeout: float = 30.0
+    prefetch: int | None = None
+    """At most this many jobs claimed beyond the free slots while jobs are short;
+    None = 64 per slot, at most 512; 0 turns prefetching off."""
+    scheduler: bool | None = None
+    """Run the scheduler thread; None = unless ``burst`` (only when there are schedules)."""
+
+    @property
+    def runs_schedules(self) -> bool:
+        return (not self.burst) if self.scheduler is None else self.scheduler
+
+    @property
+    def prefetch_max(self) -> int:
+        if self.prefetch is None:
+            return min(64 * self.concurrency, 512)
+        return self.prefetch
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{get_random_string(6)}"

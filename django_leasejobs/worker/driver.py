@@ -1,0 +1,256 @@
+"""The round driver: one database round at a time, in the worker's database thread.
+
+The main loop never waits on the database. It plans a round (``Recorder.plan``) and the
+driver runs it in the database thread (``rounds.run_round``), then hands the result
+back. The driver also keeps the rhythm of claims: when the next claim is due (at once
+after a NOTIFY, a full batch or a freed slot; after ``POLL_INTERVAL``, or for a
+listening idle worker ``IDLE_POLL_INTERVAL`` or when its next delayed job comes due),
+and the pause after a failed round. Everything it holds is the main loop's: the
+database thread returns values, never writes here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from django.db import DatabaseError, connections
+
+from .. import leases
+from ..conf import Options
+from ..leases import storable_text
+from .inbox import NextDue
+from .rounds import RoundContext, RoundPlan, RoundResult, run_round
+
+logger = logging.getLogger("django_leasejobs")
+
+DUE_MARGIN = 0.02
+"""An idle worker waiting for a delayed job to come due claims this long after its
+``run_after`` (seconds), so that the claim does not come a hair too early."""
+
+
+class RoundDriver:
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        backend: str,
+        database: str,
+        queues: tuple[str, ...] | None,
+        options: Options,
+        wake: Callable[[], None],
+    ) -> None:
+        self.worker_id = worker_id
+        self.backend = backend
+        self.database = database
+        self.queues = queues
+        self.options = options
+        self._wake = wake
+        self._executor: ThreadPoolExecutor | None = None
+        self._round: tuple[RoundPlan, Future[RoundResult], float] | None = None
+        self.failures = 0
+        """Rounds failed in a row (connection-level errors)."""
+        self._retry_at = 0.0
+        self.next_poll = 0.0
+        self.claim_wanted = True
+        self.last_claimed: int | None = None
+        self._flow_held_until = 0.0
+        """Until then (monotonic), claims take jobs that obey no limit first, and make a
+        flow claim only for the slots those leave: the last flow claim found due jobs
+        held back by full limits (``leases.claim_round``)."""
+        self._next_due: float | None = None
+        """Seconds from the last empty claim to the earliest pending ``run_after`` of this
+        worker's queues (None: none pending); only looked up while listening."""
+        self.problem = ""
+        """'' or what keeps rounds failing (for the worker's registry row)."""
+
+    # -- the database thread -------------------------------------------------------------
+
+    def open(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leasejobs-db")
+
+    def close(self) -> None:
+        if self._round is not None:
+            with contextlib.suppress(Exception):
+                self._round[1].result(timeout=self.options.lease_duration)
+        if self._executor is not None:
+            self._executor.submit(connections.close_all)
+            self._executor.shutdown(wait=True)
+
+    @property
+    def in_flight(self) -> bool:
+        return self._round is not None
+
+    def may_start(self, now: float) -> bool:
+        """No round is running and no failed round's pause is on."""
+        return self._round is None and not (self.failures and now < self._retry_at)
+
+    def claim_due(self, now: float) -> bool:
+        return self.claim_wanted or now >= self.next_poll
+
+    def start(self, plan: RoundPlan, *, listening: bool, burst: bool) -> None:
+        """Run ``plan`` in the database thread (the loop is woken when it is done)."""
+        assert self._executor is not None  # noqa: S101 - opened by the loop
+        now = time.monotonic()
+        if plan.claim_limit:
+            # No NOTIFY, no full batch: only the timer brought this claim.
+            plan.look_first = listening and not (plan.writes or self.claim_wanted or burst)
+            self.claim_wanted = False
+        ctx = RoundContext(
+            worker_id=self.worker_id,
+            database=self.database,
+            backend=self.backend,
+            queues=self.queues,
+            lease_duration=self.options.lease_duration,
+            flow=self.options.flow,
+            main_lane_first=now < self._flow_held_until,
+        )
+        future = self._executor.submit(self._run, plan, ctx, listening)
+        future.add_done_callback(lambda _: self._wake())  # runs once done() is true
+        self._round = (plan, future, now)
+
+    def done(self) -> bool:
+        return self._round is not None and self._round[1].done()
+
+    def take(self) -> tuple[RoundPlan, RoundResult, float]:
+        """The finished round: its plan, its result and how long it took (until now)."""
+        assert self._round is not None  # noqa: S101 - only called when done()
+        plan, future, started = self._round
+        self._round = None
+        result = future.result()
+        if result.flow_held:
+            self._flow_held_until = time.monotonic() + self.options.poll_interval
+        self._next_due = result.next_due
+        if result.error is None:
+            self.failures = 0
+            self.problem = ""
+        else:
+            self.failures += 1
+            delay = min(5.0, 0.2 * 2**self.failures) * random.uniform(0.8, 1.2)  # noqa: S311
+            self._retry_at = time.monotonic() + delay
+            error = storable_text(result.error, 500)
+            self.problem = f"database rounds failing ({self.failures} in a row): {error}"
+            logger.warning(
+                "database error in the worker (attempt %d), reconnecting: %s",
+                self.failures,
+                error,
+                extra={"worker": self.worker_id, "error": error},
+            )
+        return plan, result, time.monotonic() - started
+
+    def _run(self, plan: RoundPlan, ctx: RoundContext, listening: bool) -> RoundResult:
+        """One round, in the database thread; then what the idle wait needs.
+
+        Jobs this round gave back (prefetched jobs, or released at shutdown) get a
+        NOTIFY, so idle workers that wait on one take them at once. After an empty
+        claim by a listening worker, one more query finds when its next delayed job
+        comes due: a NOTIFY is sent at enqueue, not when ``run_after`` passes. A safety
+        poll (``plan.look_first``) asks that first, and claims only when a job is due:
+        an idle worker's poll is then one query, not two.
+        """
+        known_due: float | None = None
+        if plan.look_first:
+            with contextlib.suppress(Exception):  # (claim as usual, and look after it)
+                known_due = self.seconds_to_next_due()
+                if known_due is None or known_due > 0:
+                    logger.debug(
+                        "safety poll: no job due (%s), no claim",
+                        "none pending" if known_due is None else f"next in {known_due:.3f}s",
+                        extra={"worker": self.worker_id},
+                    )
+                    return RoundResult(claimed=[], next_due=known_due)
+        result = run_round(plan, ctx)
+        if result.error is None:
+            try:
+                self._notify_given_back(plan, result)
+                if listening and plan.claim_limit and result.claimed == []:
+                    result.next_due = (
+                        known_due if known_due is not None else self.seconds_to_next_due()
+                    )
+            except Exception as exc:  # the idle wait falls back to POLL_INTERVAL
+                result.next_due = 0.0
+                logger.warning(
+                    "after a round (NOTIFY of given-back jobs, next-due lookup): %s; polling",
+                    storable_text(exc, 500),
+                    extra={"worker": self.worker_id, "error": storable_text(exc, 500)},
+                )
+                with contextlib.suppress(DatabaseError):
+                    connections[self.database].close()
+        return result
+
+    def _notify_given_back(self, plan: RoundPlan, result: RoundResult) -> None:
+        queues: set[str] = set()
+        if result.unclaimed:
+            queues.update(r.job.queue for r, _ in plan.unclaims if r.job.lease in result.unclaimed)
+        for done, (running, what) in zip(result.singles_done, plan.singles, strict=False):
+            if done and what.kind == "shutdown":
+                queues.add(running.job.queue)
+        if queues:
+            leases.notify(leases.NOTIFY_CHANNEL, sorted(queues), using=self.database)
+
+    def seconds_to_next_due(self) -> float | None:
+        """Seconds until the next pending job of this worker's queues comes due
+        (``leases.seconds_to_next_due``; PostgreSQL: only a listening worker asks)."""
+        return leases.seconds_to_next_due(self.backend, self.queues, using=self.database)
+
+    # -- the rhythm of claims ------------------------------------------------------------
+
+    def claimed(self, count: int, limit: int, *, listening: bool) -> None:
+        self.last_claimed = count
+        if count >= limit:
+            self.claim_wanted = True  # a full batch: there may be more ready jobs now
+        elif not count:
+            self.next_poll = time.monotonic() + self._idle_wait(listening)
+
+    def _idle_wait(self, listening: bool) -> float:
+        """How long an idle worker waits before it looks for work again (unless woken).
+
+        Not listening: ``POLL_INTERVAL``. Listening: ``IDLE_POLL_INTERVAL`` (the safety
+        poll), but never past the moment its next delayed job comes due; a job due
+        already that the claim did not get (another worker's claim held it) is looked
+        for again after ``POLL_INTERVAL``.
+        """
+        wait = self._until_next_look(listening)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "no job ready; next look for work in %.3fs (%s)",
+                wait,
+                "listening" if listening else "polling",
+                extra={"worker": self.worker_id, "duration": round(wait, 6)},
+            )
+        return wait
+
+    def _until_next_look(self, listening: bool) -> float:
+        poll = wait = self.options.poll_interval
+        if listening:
+            wait = self.options.idle_poll_interval
+            due = self._next_due
+            if due is not None:
+                wait = min(wait, due + DUE_MARGIN if due > 0 else poll)
+        return wait
+
+    def heard(self, due: NextDue, *, listening: bool, idle: bool) -> None:
+        """Act on the heartbeat's next-due lookup: claim now if a job is due, else wait
+        for the next one to come due, or ``IDLE_POLL_INTERVAL`` from now. Only while idle
+        and listening: a busy loop claims (and looks) for itself."""
+        if not listening or not idle or self._round is not None:
+            return
+        if self.claim_wanted or self.failures:
+            return
+        if due.seconds is not None and due.seconds <= 0:
+            self.claim_wanted = True
+        else:
+            self._next_due = due.seconds
+            self.next_poll = time.monotonic() + self._until_next_look(listening)
+
+    def wait_timeout(self, now: float) -> float:
+        """How long the loop may sleep as far as rounds go."""
+        if self._round is not None:
+            return self.options.poll_interval  # the database thread wakes us when done
+        if self.failures:
+            return max(0.0, self._retry_at - now)
+        return max(0.0, self.next_poll - now)

@@ -1,0 +1,275 @@
+"""Handing claimed jobs to slots, reading what the slots report, and stopping jobs.
+
+Owned by the main loop (nothing else calls it). Claimed jobs wait in ``JobBook.ready``
+until a slot has room; short ones go several to a slot at once (``Dispatcher``). A job
+is stopped by the loop alone, on a message from the heartbeat or the watchdog, for a
+cancel, or at shutdown; one that waits in ``ready`` is never started, one queued in a
+slot is taken back (``Retracted``), one that runs is killed (or, in the thread pool,
+flagged).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from .. import registry
+from ..compat import AnyTask
+from ..leases import ClaimedJob, Progress
+from .dispatch import PREFETCH_MAX_WAIT, Dispatcher
+from .execution import JobSpec, Outcome
+from .jobs import JobBook, RunningJob, StopReason
+from .pools import Event, Pool, ProgressEvent, Retracted, Room, SlotDied, Started
+from .recorder import Recorder
+from .reporter import Reporter
+from .rounds import Ending
+
+logger = logging.getLogger("django_leasejobs")
+
+Lease = tuple[int, int]
+
+
+class Handover:
+    def __init__(
+        self,
+        *,
+        pool: Pool,
+        book: JobBook,
+        dispatcher: Dispatcher,
+        recorder: Recorder,
+        reporter: Reporter,
+        database: str,
+        local_lease_deadline: float,
+    ) -> None:
+        self.pool = pool
+        self.book = book
+        self.dispatcher = dispatcher
+        self.recorder = recorder
+        self.reporter = reporter
+        self.database = database
+        self.deadline = local_lease_deadline
+        self.slot_freed = False
+        """A slot reported an outcome or died since the loop last looked (claim again)."""
+
+    # -- claimed jobs in, to slots ------------------------------------------------------
+
+    def take_claimed(self, claimed: list[ClaimedJob]) -> None:
+        now = time.monotonic()
+        for job in claimed:
+            try:
+                task: AnyTask | None = registry.resolve(job.task_path)
+            except Exception:  # UnknownTask, or a module that fails to import
+                task = None  # the slot reports the clear error; nothing is called
+            running = RunningJob(job=job, task=task, started=now)
+            self.book.add(running)
+            self.book.ready.append(running)
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        """Hand waiting jobs to slots with room; route jobs stopped while they waited.
+
+        One job per slot, or with a backlog of short jobs several (``pipeline_depth``),
+        spread evenly over the slots; each slot gets its jobs in one hand-over.
+        """
+        ready = self.book.ready
+        self._route_stopped_heads()
+        if not ready:
+            return
+        rooms = self.pool.rooms(self.dispatcher.pipeline_depth(len(ready)))
+        share = -(-len(ready) // max(1, len(rooms)))  # ceil: spread the backlog
+        for room in rooms:
+            specs = self._take_ready(room, share)
+            if specs:
+                if len(specs) > 1 and logger.isEnabledFor(logging.DEBUG):
+                    logger.debug(
+                        "handed %d jobs to slot %d at once (job/attempt, in order: %s)",
+                        len(specs),
+                        room.slot,
+                        " ".join(f"{spec.job.id}/{spec.job.attempt}" for spec in specs),
+                        extra={"worker": self.reporter.worker_id, "count": len(specs)},
+                    )
+                if self.pool.submit(room.slot, specs):  # the first one starts at once
+                    self._announce(self.book.running[specs[0].job.lease])
+            if not ready:
+                return
+
+    def _route_stopped_heads(self) -> None:
+        """Pop the jobs at the head of ``ready`` that must not start: stopped while they
+        waited, or waiting on a lease the worker itself would call lost."""
+        ready = self.book.ready
+        while ready:
+            running = ready[0]
+            silent = time.monotonic() - self.book.table.renewed_at(running.job.lease)
+            if running.stop_reason is None and silent > self.deadline:
+                # The worker was frozen or cut off while the job waited (and the watchdog
+                # has not run since): its lease may be another worker's by now. Never start
+                # a job on a lease the worker itself would call lost.
+                self.stop(
+                    running.job.lease,
+                    "lease_lost",
+                    f"no successful renewal for {silent:.1f}s while it waited for a slot "
+                    f"(local deadline {self.deadline:g}s): the worker was paused or cut off",
+                )
+            if running.stop_reason is None:
+                return
+            ready.popleft()
+            self._stopped(running, "was stopped before it started")
+
+    def _take_ready(self, room: Room, share: int) -> list[JobSpec]:
+        """Jobs from the head of ``ready`` for one slot: up to ``share`` of them, as many
+        as it has room for; a job with a timeout only as the first job of an idle slot."""
+        ready = self.book.ready
+        specs: list[JobSpec] = []
+        while ready and len(specs) < min(room.jobs, share):
+            self._route_stopped_heads()
+            if not ready:
+                break
+            running = ready[0]
+            job = running.job
+            if job.timeout is not None and (specs or not room.idle):
+                break
+            ready.popleft()
+            now = time.monotonic()
+            self.dispatcher.handed_over(now - running.started)
+            running.dispatched = True
+            running.started = now
+            self.book.table.handed_over(job.lease, now, job.timeout)
+            renewed = self.book.table.renewed_at(job.lease)
+            # The rule of _route_stopped_heads, kept by the slot for queued jobs.
+            specs.append(
+                JobSpec(
+                    job=job,
+                    worker_id=self.reporter.worker_id,
+                    backend=self.reporter.backend.alias,
+                    database=self.database,
+                    start_by=renewed + self.deadline,
+                )
+            )
+        return specs
+
+    def _announce(self, running: RunningJob) -> None:
+        """Announce that an attempt started (once: a job handed to an idle slot as it is
+        handed over, one queued behind others when its slot reports it started, or with
+        its outcome at the latest). A job taken back before it started is never
+        announced, so giving it back leaves nothing announced for its attempt."""
+        if not running.announced:
+            running.announced = True
+            self.reporter.started(running)
+
+    def give_back_stale(self) -> None:
+        """Prefetched jobs stuck behind long jobs go back to pending for other workers."""
+        ready = self.book.ready
+        if not ready or ready[0].stop_reason is not None:
+            return
+        now = time.monotonic()
+        if now - ready[0].started < PREFETCH_MAX_WAIT:
+            return
+        self.dispatcher.gave_back()
+        logger.info(
+            "giving back %d prefetched jobs that waited %.1fs for a slot",
+            len(ready),
+            now - ready[0].started,
+            extra={"worker": self.reporter.worker_id, "count": len(ready)},
+        )
+        self.give_back_ready()
+        self.dispatch()
+
+    def give_back_ready(self) -> None:
+        """Prefetched jobs that never started go back to pending (the loop routes them)."""
+        for running in self.book.ready:
+            if running.stop_reason is None:
+                running.stop_reason = "shutdown"
+
+    def oldest_wait_end(self) -> float | None:
+        """When (monotonic) the oldest waiting job is due to be given back, if one waits."""
+        ready = self.book.ready
+        if ready and ready[0].stop_reason is None:
+            return ready[0].started + PREFETCH_MAX_WAIT
+        return None
+
+    # -- stopping jobs ------------------------------------------------------------------
+
+    def stop(self, lease: Lease, reason: StopReason, detail: str = "") -> None:
+        """Stop a job the worker holds (not one whose outcome is being recorded)."""
+        running = self.book.get(lease)
+        if running is None or running.stop_reason is not None or running.recording:
+            return
+        running.stop_reason = reason
+        running.stop_detail = detail
+        if reason == "lease_lost":
+            self.book.table.let_go(lease)
+        self.reporter.stopping(running, reason, detail)
+        if not running.dispatched:
+            return  # it waits in ``ready``: the loop routes it there, never starts it
+        graceful = reason != "shutdown"
+        # "retracted": its slot gives it back (a Retracted event) and dispatch routes it
+        # from ``ready``; "killing": its slot's death is the next event; "flagged": its
+        # thread runs on, fenced, and the slot's outcome of it is void.
+        if self.pool.stop_job(lease, graceful=graceful) == "flagged":
+            self._stopped(running, "was stopped; its thread runs on, fenced")
+
+    def stop_all(self, reason: StopReason) -> None:
+        for lease in [lease for lease, r in self.book.running.items() if r.stop_reason is None]:
+            self.stop(lease, reason, "worker shutting down")
+
+    def _stopped(self, running: RunningJob, description: str) -> None:
+        reason = running.stop_reason
+        if reason == "lease_lost":
+            # The lease belongs to someone else: nothing to write.
+            self.book.forget(running, ran=running.dispatched)
+        elif not running.dispatched and not running.announced:
+            # Never started: given back, its attempt unused. (One announced but given
+            # back unstarted, as its idle slot died or a stop took it back, keeps its
+            # attempt: it is released or cancelled below, like a job that ran.)
+            self.recorder.record(running, Ending("unclaim", description))
+        elif reason == "timeout":
+            self.recorder.record(running, Ending("timeout", description))
+        elif reason == "cancelled":
+            self.recorder.record(running, Ending("cancelled", description))
+        else:
+            self.recorder.record(running, Ending("shutdown", description))
+
+    # -- what the slots report ----------------------------------------------------------
+
+    def handle(self, events: list[Event]) -> None:
+        for event in events:
+            if isinstance(event, Retracted):
+                self._back_to_ready(event)
+            elif isinstance(event, Started):
+                for lease in event.leases:
+                    started = self.book.get(lease)
+                    if started is not None:
+                        self._announce(started)
+            elif isinstance(event, ProgressEvent):
+                if event.lease in self.book.running:
+                    progress = Progress(event.fraction, event.message)
+                    self.book.table.set_progress(event.lease, progress)
+            else:
+                self._ended(event)
+
+    def _ended(self, event: Outcome | SlotDied) -> None:
+        running = self.book.get(event.lease)
+        if running is None:
+            return
+        self.slot_freed = True
+        self.dispatcher.slot_freed()
+        self._announce(running)  # it started (if its start was not reported yet)
+        if isinstance(event, Outcome):
+            self.dispatcher.note_duration(event.duration)
+            # A real outcome wins even when a stop raced it: the job did finish. (A
+            # lost lease is still safe: the fence rejects the write.)
+            self.recorder.record(running, event)
+            return
+        if running.stop_reason is not None:
+            self._stopped(running, event.exit_description)
+        else:
+            self.recorder.record(running, Ending("killed", event.exit_description))
+
+    def _back_to_ready(self, event: Retracted) -> None:
+        """Jobs a slot gave back before they started: first in line again, in order."""
+        jobs = [r for r in (self.book.get(lease) for lease in event.leases) if r is not None]
+        for running in jobs:
+            running.dispatched = False
+            self.book.table.taken_back(running.job.lease)
+        self.book.ready.extendleft(reversed(jobs))
+        self.slot_freed = True  # (a slot has room again)

@@ -1,0 +1,114 @@
+"""The main loop's inbox: what the worker's threads tell the one owner of job state.
+
+The heartbeat, watchdog, listener and signal handlers never change the worker's state
+themselves: they post one of the typed messages below, which wakes the main loop
+(a byte on a pipe its selector waits on), and the loop acts on it in its next pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+from dataclasses import dataclass
+
+Lease = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseLost:
+    """Stop this job: the database no longer holds its lease for this worker (a renewal
+    matched no row), or the worker would call it lost (no renewal in time)."""
+
+    lease: Lease
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    """An operator asked to cancel this running job (seen by a renewal)."""
+
+    lease: Lease
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    """This job ran past its timeout."""
+
+    lease: Lease
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class NextDue:
+    """When the next pending job of the worker's queues comes due: seconds from the
+    lookup (0 or less: due already), or None when none is pending."""
+
+    seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobsMayBeReady:
+    """A NOTIFY arrived for one of the worker's queues: claim on the next pass."""
+
+
+@dataclass(frozen=True, slots=True)
+class Listening:
+    """The listener's ``LISTEN`` became active, or stopped being."""
+
+    active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StopAsked:
+    """A signal asked the worker to stop (the first: gracefully; again: now)."""
+
+    signal_name: str
+
+
+Message = LeaseLost | CancelRequested | TimedOut | NextDue | JobsMayBeReady | Listening | StopAsked
+
+
+class Inbox:
+    """Messages for the main loop, and the pipe that wakes it. Any thread may post, and so
+    may a signal handler (it runs in the main thread between two steps of the loop, so
+    nothing here takes a lock the loop could be holding: ``SimpleQueue`` is reentrant)."""
+
+    def __init__(self) -> None:
+        self._messages: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self._notified = False
+        """A ``JobsMayBeReady`` waits: a NOTIFY flood is one message."""
+        self.fileno, self._wake_w = os.pipe()
+        os.set_blocking(self.fileno, False)
+        os.set_blocking(self._wake_w, False)
+
+    def post(self, message: Message) -> None:
+        if isinstance(message, JobsMayBeReady):
+            self._notified = True
+        else:
+            self._messages.put(message)
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the main loop without a message (a slot or a database round has news)."""
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
+
+    def take(self) -> list[Message]:
+        """Every message posted since the last call; clears the wake-up."""
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(self.fileno, 4096):
+                pass
+        messages: list[Message] = []
+        if self._notified:
+            self._notified = False
+            messages.append(JobsMayBeReady())
+        with contextlib.suppress(queue.Empty):
+            while True:
+                messages.append(self._messages.get_nowait())
+        return messages
+
+    def close(self) -> None:
+        for fd in (self.fileno, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)

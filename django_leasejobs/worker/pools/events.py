@@ -1,0 +1,133 @@
+"""What a pool of slots tells the worker, and the one interface both pools implement.
+
+The main loop owns the pool: it hands jobs to slots (``rooms`` and ``submit``), reads
+what happened (``collect``: outcomes, progress, starts, dead slots, jobs taken back),
+and stops jobs (``stop_job``). Nothing else calls a pool, so a pool's own lock only
+guards what its slots (threads, or child processes through shared memory) share with it.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from ..execution import JobSpec, Outcome
+
+Lease = tuple[int, int]
+"""(job id, attempt)"""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEvent:
+    lease: Lease
+    fraction: float | None
+    message: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SlotDied:
+    """A child died while running a job, without reporting an outcome."""
+
+    lease: Lease
+    exit_description: str
+
+
+@dataclass(frozen=True, slots=True)
+class Retracted:
+    """Jobs handed to a slot that never started there (taken back, or the slot died
+    first): they go back to the worker's queue of ready jobs."""
+
+    leases: tuple[Lease, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """Jobs a slot started that were queued behind another one (the first job handed
+    to an idle slot starts at once: the worker announces it as it hands it over)."""
+
+    leases: tuple[Lease, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """A slot that can take jobs now."""
+
+    slot: int
+    jobs: int
+    """How many more it can hold."""
+    idle: bool
+    """It holds none: the first job it gets starts at once."""
+
+
+Event = Outcome | ProgressEvent | SlotDied | Retracted | Started
+
+StopAction = Literal["killing", "flagged", "retracted", "none"]
+"""What ``stop_job`` did: signalled the job's process (its slot's death follows),
+flagged its thread (it runs on, fenced), took it back before it started
+(``Retracted`` follows), or nothing (it ended already, or is not in the pool)."""
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "exited (status unknown)"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name}"
+    return f"exited with status {exitcode}"
+
+
+class Pool(Protocol):
+    """Slots that run jobs: ``ProcessPool`` (can kill a job) or ``ThreadPool`` (can
+    only flag one, ``context.lease_lost``, and rely on the fence)."""
+
+    @property
+    def kind(self) -> Literal["process", "thread"]:
+        """What runs a job: a child process, or a thread of the worker."""
+
+    @property
+    def can_kill(self) -> bool:
+        """Whether a stopped job really stops (signals), or is only flagged."""
+
+    def start(self) -> None:
+        """Start the slots (the process pool forks before any other thread exists)."""
+
+    def shutdown(self) -> None:
+        """Stop the slots; a job still running in one is killed (process pool)."""
+
+    def free_slots(self) -> int:
+        """Slots that hold no job and take jobs."""
+
+    def rooms(self, depth: int) -> list[Room]:
+        """Slots that can take jobs now, each up to ``depth`` held."""
+
+    def running(self) -> list[Lease]:
+        """The leases of every job the slots hold (running or queued)."""
+
+    def pipelined(self) -> bool:
+        """Some slot holds a job whose start the worker has not heard of yet."""
+
+    def submit(self, slot_index: int, specs: list[JobSpec]) -> bool:
+        """Hand ``specs`` to one slot; True when the slot was idle (the first job
+        starts at once; the others are reported as ``Started``)."""
+
+    def waitables(self) -> list[int]:
+        """File descriptors that become readable when a slot has news."""
+
+    def collect(self) -> list[Event]:
+        """Everything the slots reported since the last call."""
+
+    def retract_stalled(self, after: float) -> None:
+        """Take back jobs queued behind one that has run longer than ``after`` s."""
+
+    def stop_job(self, lease: Lease, *, graceful: bool) -> StopAction:
+        """Stop the job holding ``lease`` (see ``StopAction``)."""
+
+    def escalate(self) -> float | None:
+        """SIGKILL what a SIGTERM's grace left running; seconds until the next one."""
+
+    def child_pids(self) -> list[int]:
+        """Process ids of the slots' children (none in the thread pool)."""

@@ -1,0 +1,85 @@
+"""One slot of the process pool: its child, the pipes to it, and what they share."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from ..child import SlotState
+from .events import Event, Lease
+from .frames import Frames
+
+
+@dataclass(eq=False)
+class ProcessSlot:
+    index: int
+    process: BaseProcess
+    conn: Connection
+    lifeline_w: int
+    bell_r: int
+    state: SlotState
+    queue: deque[tuple[int, Lease]] = field(default_factory=deque)
+    """(sequence number, lease) of the jobs handed to the child and not yet reported,
+    in the order it runs them."""
+    next_seq: int = 1
+    reported_upto: int = 0
+    """The highest sequence number known to have started (reported as ``Started``, or
+    handed to the slot while it was idle)."""
+    taken_back_upto: int = 0
+    """The highest sequence number taken back from this slot. Until its child has passed
+    it (``SEEN``), the slot gets no new job: a new job raises ``LIMIT``, which would let
+    the child start the jobs taken back (run by another slot meanwhile). After a long job
+    that also keeps jobs from queueing behind it again."""
+    term_sent_at: float | None = None
+    killed: bool = False
+    events: list[Event] = field(default_factory=list)
+    conn_fd: int = -1
+    sentinel: int = -1
+    frames: Frames = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.frames = Frames(self.conn.fileno())
+
+    @property
+    def pid(self) -> int:
+        pid = self.process.pid
+        if pid is None:  # never: a slot is made from a started process
+            raise RuntimeError(f"slot {self.index} has no process")
+        return pid
+
+    @property
+    def open(self) -> bool:
+        """Takes jobs: not being stopped (after a SIGTERM the group's SIGKILL is owed)."""
+        return self.term_sent_at is None and not self.killed
+
+
+LOCK_WAIT = 2.0
+"""How long the parent waits for a slot's lock (held by the child for a few
+instructions as it starts a job; longer only if it died holding it)."""
+
+
+@contextlib.contextmanager
+def held(slot: ProcessSlot) -> Iterator[Any]:
+    """The slot's shared values with its lock held; None if the lock cannot be had (the
+    child died while holding it: its death is reported by collect())."""
+    if not slot.state.lock.acquire(timeout=LOCK_WAIT):
+        yield None
+        return
+    try:
+        yield slot.state.values
+    finally:
+        slot.state.lock.release()
+
+
+def take(queue: deque[tuple[int, Lease]], lease: Lease) -> bool:
+    """Remove ``lease`` from a slot's queue (it ended); False if it was not there."""
+    for index, (_, held) in enumerate(queue):
+        if held == lease:
+            del queue[index]
+            return True
+    return False

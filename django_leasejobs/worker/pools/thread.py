@@ -1,0 +1,208 @@
+"""The thread pool: jobs run in threads of the worker (``--pool thread``).
+
+A thread cannot be killed: a stopped job is only flagged (``context.lease_lost``), its
+slot stays busy until it returns, and the fence rejects its writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from django.db import connections
+
+from ..child import RING_AFTER
+from ..execution import JobSpec, Outcome, error_info, execute
+from .events import Event, Lease, ProgressEvent, Retracted, Room, Started, StopAction
+
+
+@dataclass(eq=False)
+class _ThreadSlot:
+    index: int
+    queue: deque[JobSpec] = field(default_factory=deque)
+    """Jobs handed to this thread that it has not started, in order."""
+    current: Lease | None = None
+    started_at: float = 0.0
+    abandoned: bool = False
+    """Its running job was stopped: it takes no more jobs until that job returns."""
+    stalled: bool = False
+    """Its running job ran long with jobs queued behind it (taken back): it gets no more
+    until that job returns."""
+    announced: Lease | None = None
+    """The job handed to it while it was idle (the worker announces that one's start)."""
+
+
+class ThreadPool:
+    """Runs jobs in threads. A thread cannot be killed: a lost lease only flags it."""
+
+    kind: Literal["thread"] = "thread"
+    can_kill = False
+
+    def __init__(self, size: int, *, wake: Callable[[], None]) -> None:
+        self.size = size
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._slots = [_ThreadSlot(i) for i in range(size)]
+        self._events: list[Event] = []
+        self._flags: dict[Lease, threading.Event] = {}
+        self._abandoned: set[Lease] = set()
+        self._closing = False
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for slot in self._slots:
+            thread = threading.Thread(
+                target=self._run, args=(slot,), name=f"leasejobs-slot-{slot.index}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def _next(self, slot: _ThreadSlot) -> tuple[JobSpec, threading.Event] | None:
+        """The next job this thread may start (a job whose ``start_by`` passed goes back
+        to the worker); None when the pool shuts down."""
+        with self._work:
+            while True:
+                while not slot.queue and not self._closing:
+                    self._work.wait()
+                if not slot.queue:
+                    return None
+                spec = slot.queue.popleft()
+                now = time.monotonic()
+                if now <= spec.start_by:
+                    slot.current = spec.job.lease
+                    slot.started_at = now
+                    if slot.announced != spec.job.lease:  # it waited behind another job
+                        self._events.append(Started((spec.job.lease,)))
+                        if not slot.queue:  # the main loop stops looking in often
+                            self._wake()
+                    return spec, self._flags[spec.job.lease]
+                self._flags.pop(spec.job.lease, None)
+                self._events.append(Retracted((spec.job.lease,)))
+                self._wake()
+
+    def _run(self, slot: _ThreadSlot) -> None:
+        def progress(lease: Lease, fraction: float | None, message: str | None) -> None:
+            with self._lock:
+                self._events.append(ProgressEvent(lease, fraction, message))
+            self._wake()
+
+        while (taken := self._next(slot)) is not None:
+            spec, flag = taken
+            try:
+                outcome = execute(spec, progress_sink=progress, lost_flag=flag)
+            except BaseException as exc:  # execute() never raises; if it did, not the slot
+                outcome = Outcome(spec.job.lease, ok=False, error=error_info(exc))
+            finally:
+                with contextlib.suppress(Exception):
+                    connections.close_all()
+            with self._lock:
+                slot.current = None
+                slot.abandoned = slot.stalled = False
+                self._flags.pop(outcome.lease, None)
+                if outcome.lease in self._abandoned:
+                    # Stopped earlier (lease lost, timeout...): the outcome is void; the
+                    # slot is free again.
+                    self._abandoned.discard(outcome.lease)
+                else:
+                    self._events.append(outcome)
+                quiet = bool(slot.queue) and outcome.duration < RING_AFTER
+            if not quiet:
+                self._wake()
+
+    def shutdown(self) -> None:
+        with self._work:
+            self._closing = True
+            self._work.notify_all()
+
+    def free_slots(self) -> int:
+        with self._lock:
+            return sum(1 for s in self._slots if s.current is None and not s.queue)
+
+    def rooms(self, depth: int) -> list[Room]:
+        with self._lock:
+            rooms = []
+            for slot in self._slots:
+                held = len(slot.queue) + (slot.current is not None)
+                if not slot.abandoned and not slot.stalled and held < depth:
+                    rooms.append(Room(slot.index, depth - held, held == 0))
+            return rooms
+
+    def running(self) -> list[Lease]:
+        with self._lock:
+            return list(self._flags)
+
+    def pipelined(self) -> bool:
+        return any(s.queue for s in self._slots)
+
+    def submit(self, slot_index: int, specs: list[JobSpec]) -> bool:
+        with self._work:
+            for spec in specs:
+                self._flags[spec.job.lease] = threading.Event()
+            slot = self._slots[slot_index]
+            idle = slot.current is None and not slot.queue
+            if idle:
+                slot.announced = specs[0].job.lease
+            slot.queue.extend(specs)
+            self._work.notify_all()
+        return idle
+
+    def waitables(self) -> list[int]:
+        return []
+
+    def collect(self) -> list[Event]:
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def _retract(self, slot: _ThreadSlot, first: int) -> None:
+        """Take back the queued jobs of ``slot`` from index ``first`` on (lock held)."""
+        taken = []
+        while len(slot.queue) > first:
+            spec = slot.queue.pop()
+            self._flags.pop(spec.job.lease, None)
+            taken.append(spec.job.lease)
+        if taken:
+            self._events.append(Retracted(tuple(reversed(taken))))
+
+    def retract_stalled(self, after: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for slot in self._slots:
+                if slot.queue and slot.current is not None and now - slot.started_at > after:
+                    self._retract(slot, 0)
+                    slot.stalled = True
+
+    def stop_job(self, lease: Lease, *, graceful: bool) -> StopAction:
+        """Flag the running job (``context.lease_lost``); the thread runs on, its outcome
+        is void. A job still queued is taken back (``Retracted``).
+
+        The slot stays busy until the thread returns, so the pool never runs more
+        jobs than it has threads; the jobs queued behind the flagged one are taken back.
+        """
+        with self._lock:
+            for slot in self._slots:
+                if slot.current == lease:
+                    if lease in self._abandoned:
+                        return "none"
+                    self._abandoned.add(lease)
+                    slot.abandoned = True
+                    self._retract(slot, 0)
+                    self._flags[lease].set()
+                    return "flagged"
+                for index, spec in enumerate(slot.queue):
+                    if spec.job.lease == lease:
+                        self._retract(slot, index)
+                        return "retracted"
+        return "none"
+
+    def escalate(self) -> float | None:
+        return None
+
+    def child_pids(self) -> list[int]:
+        return []

@@ -1,0 +1,265 @@
+"""Recording how attempts ended: the queue of outcomes, each round's writes, and what
+the main loop does with the database's answer (log, signal, forget, or write again).
+
+Every outcome is written, however late: the write is fenced, so one whose lease was
+lost meanwhile matches no row (the loss is reported then), and one that was merely slow
+to write is recorded instead of run again. Only an outcome the database refuses is
+given up (the bulkhead of ``rounds.py``, and ``ISOLATE_AFTER``): the worker stops
+renewing it, and the reaper takes the job back when its lease expires.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ..compat import has_other_receivers, task_finished
+from ..leases import ErrorInfo, Failure, storable_text
+from ..leases.rules import TIMEOUT_ERROR_CLASS
+from ..models import AttemptOutcome, JobStatus
+from ..retry import RETRIED, Backoff, Verdict
+from .execution import Outcome, attempt_failure
+from .jobs import JobBook, RunningJob
+from .reporter import Reporter
+from .rounds import Ending, RoundPlan, RoundResult, Write
+
+MAX_ROUND_WRITES = 500
+"""Outcomes one round writes at most (the rest wait for the next round): keeps every
+statement well inside the databases' bound-parameter limits."""
+
+ISOLATE_AFTER = 3
+"""An outcome whose round failed this many times as a whole (a connection-level error)
+while the database went on renewing its lease is written alone in the next round: the
+database answers, but not to that write (a value that breaks the connection, such as a
+packet over MySQL's ``max_allowed_packet``). Failing alone too, it is given up."""
+
+PROBLEM_MEMORY = 600.0
+"""How long a worker reports an attempt it gave up recording (on its registry row)."""
+
+
+class Recorder:
+    def __init__(self, book: JobBook, reporter: Reporter, retry_backoff: Backoff) -> None:
+        self.book = book
+        self.reporter = reporter
+        self.retry_backoff = retry_backoff
+        self.writes: list[tuple[RunningJob, Write]] = []
+        """Outcomes to record, written in batches by the next database round."""
+        self.given_up = 0
+        """Attempts whose outcome could not be recorded at all (left to the reaper)."""
+        self._last_give_up: tuple[float, str] | None = None
+
+    def record(self, running: RunningJob, what: Write) -> None:
+        """Queue how an attempt ended; the next database round writes it (fenced)."""
+        running.recording = True
+        self.book.table.recording(running.job.lease)
+        self.writes.append((running, what))
+
+    # -- planning a round ---------------------------------------------------------------
+
+    def plan(self, claim_limit: int) -> RoundPlan:
+        """The next round: up to ``MAX_ROUND_WRITES`` queued outcomes and the claim; or
+        one suspect outcome alone (``ISOLATE_AFTER``), without a claim."""
+        # Earlier attempts' rows are only for receivers of the site's: Django's own log
+        # receiver reads none of them.
+        plan = RoundPlan(claim_limit=claim_limit, history=has_other_receivers(task_finished))
+        while (suspect := self._suspect()) is not None:
+            self.writes.remove(suspect)
+            running = suspect[0]
+            if not running.written_alone:
+                running.written_alone = True
+                plan.claim_limit = 0  # this round tells whether the database takes it
+                self._sort_into(plan, [suspect])
+                return plan
+            self.give_up(
+                running,
+                f"the database refused its outcome {running.write_failures} times while "
+                f"it renewed the lease, alone too: {running.write_error}",
+            )
+        writes = self.writes[:MAX_ROUND_WRITES]
+        del self.writes[:MAX_ROUND_WRITES]
+        self._sort_into(plan, writes)
+        return plan
+
+    def _suspect(self) -> tuple[RunningJob, Write] | None:
+        """A queued outcome whose rounds failed ``ISOLATE_AFTER`` times while its lease
+        was renewed after the last failure (the database answers, but not that write)."""
+        for item in self.writes:
+            running = item[0]
+            if running.write_failures >= ISOLATE_AFTER and (
+                self.book.table.renewed_at(running.job.lease) > running.write_failed_at
+            ):
+                return item
+        return None
+
+    def _sort_into(self, plan: RoundPlan, writes: list[tuple[RunningJob, Write]]) -> None:
+        for running, what in writes:
+            if isinstance(what, Outcome) and what.ok:
+                plan.successes.append((running, what))
+            elif isinstance(what, Ending) and what.kind == "unclaim":
+                plan.unclaims.append((running, what))
+            elif isinstance(what, Ending) and what.kind in ("shutdown", "cancelled"):
+                plan.singles.append((running, what))
+            else:  # a failed outcome, a killed process, a timeout
+                failure, duration = self._failure(running, what)
+                plan.failures.append((running, what, failure, duration))
+
+    def _failure(self, running: RunningJob, what: Write) -> tuple[Failure, float]:
+        """The Failure to write for an outcome that is not a success, and its duration."""
+        job = running.job
+        if isinstance(what, Outcome):
+            error = what.error or ErrorInfo("django_leasejobs.exceptions.JobFailure")
+            return self._decided(running, error, AttemptOutcome.ERROR, what.verdict), what.duration
+        if what.kind == "timeout":
+            error = ErrorInfo(
+                TIMEOUT_ERROR_CLASS,
+                f"attempt ran past its timeout of {job.timeout:g}s and {what.description}",
+            )
+            outcome = AttemptOutcome.TIMEOUT
+        else:
+            error = ErrorInfo(
+                "django_leasejobs.exceptions.JobKilled", f"the job's process {what.description}"
+            )
+            outcome = AttemptOutcome.KILLED
+        failure = self._decided(running, error, outcome, RETRIED)
+        return failure, time.monotonic() - running.started
+
+    def _decided(
+        self, running: RunningJob, error: ErrorInfo, outcome: str, verdict: Verdict
+    ) -> Failure:
+        """The Failure of an attempt that ended with ``outcome`` (``attempt_failure``)."""
+        return attempt_failure(
+            running.job,
+            running.task,
+            error,
+            outcome,
+            verdict,
+            self.retry_backoff,
+        )
+
+    # -- after a round ------------------------------------------------------------------
+
+    def finish(self, plan: RoundPlan, result: RoundResult) -> None:
+        """Act on what the database said about the round's writes; queue again what was
+        not written (first in line); count the failed round against those outcomes."""
+        requeue: list[tuple[RunningJob, Write]] = []
+        for running in [r for r, _ in plan.successes] + [r for r, *_ in plan.failures]:
+            running.finished_at = result.finished_at.get(running.job.lease)
+            running.history = result.history.get(running.job.id)
+        for running, outcome in plan.successes:
+            if not result.wrote_successes or running.job.lease in result.skipped:
+                requeue.append((running, outcome))
+            else:
+                self._guarded(running, self._after_success, running, outcome, result)
+        for running, what, failure, duration in plan.failures:
+            if not result.wrote_failures or running.job.lease in result.skipped:
+                requeue.append((running, what))
+            else:
+                self._guarded(running, self._after_failure, running, failure, duration, result)
+        for index, (running, ending) in enumerate(plan.singles):
+            if index >= len(result.singles_done) or running.job.lease in result.skipped:
+                requeue.append((running, ending))
+            elif result.singles_done[index]:
+                self._guarded(running, self._after_single, running, ending.kind)
+            elif running.job.lease in result.unwritable:
+                self.give_up(running, result.unwritable[running.job.lease])
+            else:
+                self._lost(running, "release" if ending.kind == "shutdown" else "cancel")
+        if result.unclaimed is None:
+            requeue += plan.unclaims
+        else:
+            self.reporter.gave_back(len(result.unclaimed))
+            for running, _ in plan.unclaims:
+                self.book.forget(running, ran=False)
+        self.writes[:0] = requeue
+        if result.error is not None:
+            failed_at = time.monotonic()
+            error = storable_text(result.error, 500)
+            for running, _ in requeue:
+                if running.job.lease not in result.skipped:
+                    running.write_failures += 1
+                    running.write_failed_at = failed_at
+                    running.write_error = error
+
+    def _after_success(self, running: RunningJob, outcome: Outcome, result: RoundResult) -> None:
+        lease = running.job.lease
+        if lease in result.unwritable:
+            self.give_up(running, result.unwritable[lease])
+        elif lease in result.replaced:
+            status, error = result.statuses[lease], result.replaced[lease]
+            self.reporter.failed(running, status, error, outcome.duration, None)
+            self.book.forget(running)
+        elif lease in result.statuses:
+            self.reporter.succeeded(running, outcome.duration, outcome.result)
+            self.book.forget(running)
+        else:
+            self._lost(running, "complete")
+
+    def _after_failure(
+        self, running: RunningJob, failure: Failure, duration: float, result: RoundResult
+    ) -> None:
+        lease = running.job.lease
+        status = result.statuses.get(lease)
+        if lease in result.unwritable:
+            self.give_up(running, result.unwritable[lease])
+        elif status is None:
+            self._lost(running, "fail")
+        else:
+            error = result.replaced.get(lease, failure.error)
+            self.reporter.failed(running, status, error, duration, failure.retry_delay)
+            self.book.forget(running)
+
+    def _after_single(self, running: RunningJob, kind: str) -> None:
+        duration = time.monotonic() - running.started
+        if kind == "shutdown":
+            self.reporter.released(running, duration)
+        else:
+            error = ErrorInfo("django_leasejobs.exceptions.JobCancelled", "cancelled while running")
+            self.reporter.failed(running, JobStatus.CANCELLED, error, duration, None)
+        self.book.forget(running)
+
+    def _lost(self, running: RunningJob, transition: str) -> None:
+        self.reporter.lost_on_write(running, transition)
+        self.book.forget(running)
+
+    def _guarded(self, running: RunningJob, step: Callable[..., None], *args: object) -> None:
+        """Run one job's bookkeeping step; whatever it raises stays with that job."""
+        try:
+            step(*args)
+        except Exception as exc:
+            self.reporter.bookkeeping_failed(running, exc)
+            self.book.forget(running)
+
+    def give_up(self, running: RunningJob, why: str) -> None:
+        """Stop renewing an attempt whose outcome cannot be recorded at all.
+
+        The heartbeat no longer renews it, so its lease expires and the reaper takes
+        the job back (a stall), exactly as if this worker had died with it.
+        """
+        job = running.job
+        self.given_up += 1
+        self._last_give_up = (time.monotonic(), f"job {job.id} attempt {job.attempt}: {why}")
+        self.reporter.given_up(running, why)
+        self.book.forget(running)
+
+    def abandon(self) -> None:
+        """Shutdown time is up and the database keeps failing: leave without writing.
+
+        The unwritten attempts keep their leases until those expire; the reaper then
+        re-runs them (at-least-once), so nothing is lost, only done again.
+        """
+        for running, _ in self.writes:
+            self.reporter.not_recorded_at_shutdown(running)
+            self.book.forget(running)
+        self.writes = []
+
+    def problem(self) -> str:
+        """Attempts this worker gave up recording in the last ``PROBLEM_MEMORY`` s."""
+        if self._last_give_up is None:
+            return ""
+        when, what = self._last_give_up
+        if time.monotonic() - when >= PROBLEM_MEMORY:
+            return ""
+        return (
+            f"gave up recording {self.given_up} attempt(s) since it started "
+            f"(the reaper takes them back); last: {what}"
+        )

@@ -1,0 +1,352 @@
+"""What a worker tells the world about its jobs: log lines, our signals, django.tasks'.
+
+Every line goes to the ``django_leasejobs`` logger with the same ``extra`` keys
+(``job_id``, ``attempt``, ``worker``, ``queue``, ``task``, and per line ``duration``,
+``status``, ``error``, ``reason``...). Metrics (``runworker --metrics-port``) and
+tracing receive the signals sent here. The reporter holds no job state: the main loop
+calls it with the job it is about.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from typing import Any
+
+from django.dispatch import Signal
+
+from ..backend import STATUS_TO_RESULT, LeaseJobsBackend, attempt_history
+from ..compat import (
+    AnyTaskResult,
+    TaskResultStatus,
+    must_send,
+    task_finished,
+    task_started,
+)
+from ..conf import Options
+from ..exceptions import LeaseLost, TaskFailed, task_failure
+from ..leases import ClaimedJob, ErrorInfo, storable_text
+from ..logs import log_failure
+from ..models import JobStatus
+from ..signals import job_failed, job_started, job_succeeded, jobs_claimed, lease_lost
+from .execution import error_as_task_error, running_result
+from .jobs import RunningJob, StopReason
+
+logger = logging.getLogger("django_leasejobs")
+
+
+class Reporter:
+    def __init__(self, worker_id: str, backend: LeaseJobsBackend) -> None:
+        self.worker_id = worker_id
+        self.backend = backend
+
+    def log_extra(self, job: ClaimedJob, **more: Any) -> dict[str, Any]:
+        return {
+            "job_id": job.id,
+            "attempt": job.attempt,
+            "worker": self.worker_id,
+            "queue": job.queue,
+            "task": job.task_path,
+            **more,
+        }
+
+    def send(self, signal: Signal, job: ClaimedJob, **extra: Any) -> None:
+        """Send one of our job signals with the keys every one of them carries."""
+        if not signal.receivers:
+            return  # nobody listens: skip building the arguments (twice per job)
+        signal.send_robust(
+            sender=LeaseJobsBackend,
+            job_id=job.id,
+            backend=self.backend.alias,
+            attempt=job.attempt,
+            worker_id=self.worker_id,
+            queue=job.queue,
+            **extra,
+        )
+
+    def worker_started(
+        self,
+        *,
+        queues: tuple[str, ...] | None,
+        pool: str,
+        concurrency: int,
+        options: Options,
+        schedules: int,
+    ) -> None:
+        logger.info(
+            "worker %s started: backend=%s queues=%s pool=%s concurrency=%d lease=%gs "
+            "heartbeat=%gs reaper=%gs lock_lost=%s schedules=%d",
+            self.worker_id,
+            self.backend.alias,
+            ",".join(queues) if queues else "*",
+            pool,
+            concurrency,
+            options.lease_duration,
+            options.heartbeat_interval,
+            options.stale_lock_interval,
+            options.lock_lost_behavior,
+            schedules,
+            extra={
+                "worker": self.worker_id,
+                "backend": self.backend.alias,
+                "queues": list(queues or []),
+                "pool": pool,
+                "concurrency": concurrency,
+                "pid": os.getpid(),
+                "lease_duration": options.lease_duration,
+                "heartbeat_interval": options.heartbeat_interval,
+                "stale_lock_interval": options.stale_lock_interval,
+                "lock_lost_behavior": options.lock_lost_behavior,
+                "schedules": schedules,
+            },
+        )
+
+    def worker_stopped(self, attempts: int) -> None:
+        logger.info(
+            "worker %s stopped after %d attempts",
+            self.worker_id,
+            attempts,
+            extra={"worker": self.worker_id, "count": attempts},
+        )
+
+    def claimed(self, count: int, limit: int) -> None:
+        jobs_claimed.send_robust(
+            LeaseJobsBackend,
+            backend=self.backend.alias,
+            worker_id=self.worker_id,
+            count=count,
+            limit=limit,
+        )
+
+    # -- a job's life -------------------------------------------------------------------
+
+    def started(self, running: RunningJob) -> None:
+        """Announce that an attempt started; whatever a receiver raises stays here."""
+        try:
+            self._started(running)
+        except Exception as exc:  # the job runs all the same
+            logger.exception(
+                "announcing the start of job %s failed: %s",
+                running.job.id,
+                storable_text(exc, 500),
+                extra=self.log_extra(running.job),
+            )
+
+    def _started(self, running: RunningJob) -> None:
+        job = running.job
+        if logger.isEnabledFor(logging.INFO):  # per job: skip building the extra keys
+            logger.info(
+                "job %s attempt %s started: %s",
+                job.id,
+                job.attempt,
+                job.task_path,
+                extra=self.log_extra(job),
+            )
+        self.send(
+            job_started,
+            job,
+            task_path=job.task_path,
+            enqueued_at=job.enqueued_at,
+            claimed_at=job.last_attempted_at,
+        )
+        if running.task is not None and must_send(task_started, logging.INFO):
+            running.task_result = self._task_result(running, JobStatus.RUNNING, None)
+            task_started.send_robust(type(self.backend), task_result=running.task_result)
+
+    def succeeded(self, running: RunningJob, duration: float, result: Any) -> None:
+        job = running.job
+        if logger.isEnabledFor(logging.INFO):  # per job: skip building the extra keys
+            logger.info(
+                "job %s attempt %s succeeded in %.3fs",
+                job.id,
+                job.attempt,
+                duration,
+                extra=self.log_extra(job, duration=round(duration, 6)),
+            )
+        self.send(job_succeeded, job, task_path=job.task_path, duration=duration)
+        self._finished(running, JobStatus.SUCCEEDED, result)
+
+    def failed(
+        self,
+        running: RunningJob,
+        status: str,
+        error: ErrorInfo,
+        duration: float,
+        delay: float | None,
+    ) -> None:
+        job = running.job
+        failure = task_failure(
+            error.exception_class_path,
+            error.message,
+            error.traceback,
+            job.id,
+            job.attempt,
+            self.worker_id,
+        )
+        log_failure(
+            logger,
+            logging.ERROR if status == JobStatus.FAILED else logging.WARNING,
+            failure,
+            "job %s attempt %s failed (%s: %s) -> %s",
+            job.id,
+            job.attempt,
+            error.exception_class_path,
+            error.message[:200],
+            status,
+            extra=self.log_extra(
+                job,
+                duration=round(duration, 6),
+                status=status,
+                error=error.exception_class_path,
+                retry_in=delay if status == JobStatus.PENDING else None,
+            ),
+        )
+        # Sent while the failure is being handled, as Django's own runner sends
+        # task_finished: receivers that log or report the exception being handled
+        # (Django's django.tasks logger, error trackers) get the attempt's error.
+        try:
+            raise failure
+        except TaskFailed:
+            self.send(
+                job_failed,
+                job,
+                task_path=job.task_path,
+                status=status,
+                error=error,
+                exception=failure,
+                duration=duration,
+            )
+            self._finished(running, status, None, error)
+
+    def released(self, running: RunningJob, duration: float) -> None:
+        job = running.job
+        logger.warning(
+            "released job %s attempt %s back to pending at shutdown",
+            job.id,
+            job.attempt,
+            extra=self.log_extra(job, duration=round(duration, 6)),
+        )
+
+    def gave_back(self, count: int) -> None:
+        if count:
+            logger.info(
+                "gave back %d prefetched jobs that never started",
+                count,
+                extra={"worker": self.worker_id, "count": count},
+            )
+
+    def stopping(self, running: RunningJob, reason: StopReason, detail: str) -> None:
+        job = running.job
+        if reason == "lease_lost":
+            logger.error(
+                "lease lost for job %s attempt %s: %s; stopping it",
+                job.id,
+                job.attempt,
+                detail,
+                extra=self.log_extra(job, reason=detail),
+            )
+            self.send(lease_lost, job, reason=detail)
+        else:
+            logger.warning(
+                "stopping job %s attempt %s: %s %s",
+                job.id,
+                job.attempt,
+                reason,
+                detail,
+                extra=self.log_extra(job, reason=reason),
+            )
+
+    def lost_on_write(self, running: RunningJob, transition: str) -> None:
+        job = running.job
+        exc = LeaseLost(job.id, job.attempt, self.worker_id, transition)
+        logger.error(
+            "lease lost for job %s attempt %s: %s",
+            job.id,
+            job.attempt,
+            exc,
+            extra=self.log_extra(job, transition=transition),
+        )
+        if running.stop_reason != "lease_lost":  # else stopping() reported this loss already
+            self.send(lease_lost, job, reason=str(exc))
+
+    def given_up(self, running: RunningJob, why: str) -> None:
+        job = running.job
+        logger.error(
+            "could not record job %s attempt %s (%s); no longer renewing its lease, "
+            "the reaper takes it back when it expires",
+            job.id,
+            job.attempt,
+            why,
+            extra=self.log_extra(job, error=why),
+        )
+
+    def not_recorded_at_shutdown(self, running: RunningJob) -> None:
+        job = running.job
+        logger.error(
+            "could not record job %s attempt %s before shutdown (database errors); "
+            "it runs again after its lease expires",
+            job.id,
+            job.attempt,
+            extra=self.log_extra(job),
+        )
+
+    def bookkeeping_failed(self, running: RunningJob, exc: Exception) -> None:
+        job = running.job
+        error = storable_text(exc, 500)
+        logger.exception(
+            "bookkeeping of job %s attempt %s failed: %s",
+            job.id,
+            job.attempt,
+            error,
+            extra=self.log_extra(job, error=error),
+        )
+
+    # -- django.tasks signals -------------------------------------------------------------
+
+    def _task_result(self, running: RunningJob, status: str, result: Any) -> AnyTaskResult:
+        """The in-memory django.tasks view of this attempt, for the signals' receivers."""
+        assert running.task is not None  # noqa: S101 - only called when the task resolved
+        return running_result(
+            running.job,
+            running.task,
+            self.backend.alias,
+            self.worker_id,
+            status=status,
+            return_value=result,
+        )
+
+    def _finished(
+        self, running: RunningJob, status: str, result: Any, error: ErrorInfo | None = None
+    ) -> None:
+        if running.task is None or status == JobStatus.PENDING:
+            return
+        failed = STATUS_TO_RESULT[JobStatus(status)] == TaskResultStatus.FAILED
+        if not must_send(task_finished, logging.ERROR if failed else logging.INFO):
+            return
+        finished = self._finished_result(running, status, result, error)
+        task_finished.send_robust(type(self.backend), task_result=finished)
+
+    def _finished_result(
+        self, running: RunningJob, status: str, result: Any, error: ErrorInfo | None
+    ) -> AnyTaskResult:
+        """The started job's TaskResult with its final status, when it finished, every
+        attempt's error and worker (a copy: no second validation of the arguments,
+        which costs more than the rest of a short job)."""
+        if running.task_result is None:
+            finished = self._task_result(running, status, result)
+        else:
+            finished = copy.copy(running.task_result)
+        job = running.job
+        if running.history is not None:
+            errors, worker_ids = attempt_history(running.history, job.attempt, self.worker_id)
+        else:  # a first attempt: nothing before it, so no query was needed
+            errors = [] if error is None else [error_as_task_error(error)]
+            worker_ids = [self.worker_id]
+        object.__setattr__(finished, "status", STATUS_TO_RESULT[JobStatus(status)])
+        object.__setattr__(finished, "finished_at", running.finished_at)
+        object.__setattr__(finished, "errors", errors)
+        object.__setattr__(finished, "worker_ids", worker_ids)
+        if status == JobStatus.SUCCEEDED:
+            object.__setattr__(finished, "_return_value", result)
+        return finished

@@ -1,0 +1,176 @@
+"""What the main loop shares with the worker's threads: the lease table and its status.
+
+The main loop owns job state. The heartbeat and the watchdog need a little of it: which
+leases to renew (with the jobs' progress), when each was last renewed, which jobs run
+since when and with what timeout. That lives here, in one small table behind its own
+lock, and nowhere else: the threads read it, record renewals in it, and post what they
+found to the loop's inbox (``inbox.py``); they never touch the loop's objects.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from ..leases import Progress
+
+Lease = tuple[int, int]
+
+
+@dataclass(eq=False, slots=True)
+class _Held:
+    renewed_at: float
+    """Monotonic time of the last successful renewal (or of the claim)."""
+    progress: Progress | None = None
+    started_at: float | None = None
+    """When it was handed to a slot (its timeout counts from then); None while waiting."""
+    timeout: float | None = None
+    recording: bool = False
+    """Its outcome is being written: a renewal that skips its locked row is no news,
+    and it is not stopped any more."""
+    let_go: bool = False
+    """Presumed lost: not renewed any more."""
+    stop_posted: bool = False
+    """The watchdog asked the loop to stop it already."""
+
+
+@dataclass(frozen=True, slots=True)
+class Overdue:
+    """A job the watchdog found overdue: its lease (no renewal in time) or its timeout."""
+
+    lease: Lease
+    kind: str
+    """``lease`` or ``timeout``"""
+    detail: str
+
+
+class LeaseTable:
+    """The leases this worker holds, shared between the main loop (which adds, changes
+    and removes entries) and its heartbeat and watchdog threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[Lease, _Held] = {}
+
+    # -- written by the main loop ---------------------------------------------------
+
+    def add(self, lease: Lease, now: float) -> None:
+        with self._lock:
+            self._held[lease] = _Held(renewed_at=now)
+
+    def remove(self, lease: Lease) -> None:
+        with self._lock:
+            self._held.pop(lease, None)
+
+    def handed_over(self, lease: Lease, now: float, timeout: float | None) -> None:
+        with self._lock:
+            held = self._held.get(lease)
+            if held is not None:
+                held.started_at, held.timeout = now, timeout
+
+    def taken_back(self, lease: Lease) -> None:
+        with self._lock:
+            held = self._held.get(lease)
+            if held is not None:
+                held.started_at = None
+
+    def recording(self, lease: Lease) -> None:
+        with self._lock:
+            held = self._held.get(lease)
+            if held is not None:
+                held.recording = True
+
+    def let_go(self, lease: Lease) -> None:
+        with self._lock:
+            held = self._held.get(lease)
+            if held is not None:
+                held.let_go = True
+
+    def set_progress(self, lease: Lease, progress: Progress) -> None:
+        with self._lock:
+            held = self._held.get(lease)
+            if held is not None:
+                held.progress = progress
+
+    def renewed_at(self, lease: Lease) -> float:
+        """When ``lease`` was last renewed (0.0 when it is not in the table)."""
+        with self._lock:
+            held = self._held.get(lease)
+            return 0.0 if held is None else held.renewed_at
+
+    # -- read and written by the heartbeat ----------------------------------------------
+
+    def to_renew(self) -> dict[Lease, Progress | None]:
+        """Every lease not presumed lost, with its job's latest progress."""
+        with self._lock:
+            return {lease: h.progress for lease, h in self._held.items() if not h.let_go}
+
+    def being_recorded(self) -> set[Lease]:
+        with self._lock:
+            return {lease for lease, h in self._held.items() if h.recording}
+
+    def renewed(self, leases: frozenset[Lease], at: float) -> None:
+        with self._lock:
+            for lease in leases:
+                held = self._held.get(lease)
+                if held is not None:
+                    held.renewed_at = at
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    # -- read by the watchdog --------------------------------------------------------------
+
+    def overdue(self, now: float, deadline: float) -> list[Overdue]:
+        """Jobs to stop, each reported once: no renewal for ``deadline`` seconds (not
+        while its outcome is being written: the fence decides then), or past its
+        timeout."""
+        found = []
+        with self._lock:
+            for lease, held in self._held.items():
+                if held.let_go or held.recording or held.stop_posted:
+                    continue
+                silent = now - held.renewed_at
+                if silent > deadline:
+                    detail = (
+                        f"no successful renewal for {silent:.1f}s (local deadline "
+                        f"{deadline:g}s): cut off from the database, or the worker was paused"
+                    )
+                    found.append(Overdue(lease, "lease", detail))
+                elif (
+                    held.started_at is not None
+                    and held.timeout is not None
+                    and now - held.started_at > held.timeout
+                ):
+                    found.append(Overdue(lease, "timeout", f"after {now - held.started_at:.1f}s"))
+                else:
+                    continue
+                held.stop_posted = True
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """What the main loop publishes for the heartbeat's registry row and idle lookups."""
+
+    state: str = "running"
+    """``running`` or ``stopping``"""
+    problem: str = ""
+    listening: bool = False
+
+
+class StatusBoard:
+    """The main loop's latest ``WorkerStatus`` (it publishes; the heartbeat reads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._status = WorkerStatus()
+
+    def publish(self, status: WorkerStatus) -> None:
+        with self._lock:
+            self._status = status
+
+    def read(self) -> WorkerStatus:
+        with self._lock:
+            return self._status
