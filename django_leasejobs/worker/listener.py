@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from ..backend import NOTIFY_CHANNEL
+from ..leases import NOTIFY_CHANNEL
 from .heartbeat import _WorkerThread
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from django.db import DatabaseError, connections
 from django.utils.crypto import get_random_string
 
 from .. import leases, registry
-from ..backend import NOTIFY_CHANNEL, STATUS_TO_RESULT, LeaseJobsBackend, attempt_history
+from ..backend import LeaseJobsBackend
 from ..compat import (
     Task,
     TaskResult,
@@ -52,11 +52,20 @@ from ..compat import (
 )
 from ..exceptions import TaskFailed, task_failure
 from ..functions import DatabaseNow
-from ..leases import ClaimedJob, ErrorInfo, Failure, LeaseLost, Progress, storable_text
+from ..leases import (
+    NOTIFY_CHANNEL,
+    ClaimedJob,
+    ErrorInfo,
+    Failure,
+    LeaseLost,
+    Progress,
+    storable_text,
+)
 from ..leases.rules import TIMEOUT_ERROR_CLASS
 from ..logs import log_failure
 from ..models import AttemptOutcome, JobAttempt, JobStatus, WorkerState
 from ..models import Worker as WorkerRow
+from ..results import STATUS_TO_RESULT, attempt_history
 from ..retry import RETRIED, Verdict
 from ..signals import job_failed, job_started, job_succeeded, jobs_claimed, lease_lost
 from .execution import (
