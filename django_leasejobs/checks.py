@@ -26,7 +26,7 @@ from .conf import (
     parse_options,
 )
 from .exceptions import UnknownTask
-from .schedules.spec import (
+from .schedule_spec import (
     E_SCHEDULE_QUEUE,
     E_SCHEDULE_TASK,
     E_SCHEDULE_USE_TZ,

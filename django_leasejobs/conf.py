@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from .limits import FlowRules, Rate, limit_problem, parse_rate, rate_problem
 from .retry import Backoff, backoff_problems
-from .schedules.spec import ScheduleSpec, parse_schedules
+from .schedule_spec import ScheduleSpec, parse_schedules
 
 LockLostBehavior = Literal["sigkill", "sigterm"]
 LOCK_LOST_BEHAVIORS: tuple[str, ...] = ("sigkill", "sigterm")

@@ -11,6 +11,7 @@ import logging
 import time
 
 from . import leases
+from .backend import LeaseJobsBackend  # the documented sender of signals
 from .signals import job_reaped
 
 logger = logging.getLogger("django_leasejobs")
@@ -58,11 +59,9 @@ def announce_reaped(
                 "duration": round(duration, 6),
             },
         )
-    from .backend import NOTIFY_CHANNEL, LeaseJobsBackend  # the documented sender of signals
-
     # Wake idle workers at once for the jobs put back (they keep their place in the order).
     leases.notify(
-        NOTIFY_CHANNEL, (job.queue for job in reaped if job.status == "pending"), using=using
+        leases.NOTIFY_CHANNEL, (job.queue for job in reaped if job.status == "pending"), using=using
     )
 
     for job in reaped:

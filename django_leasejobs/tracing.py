@@ -12,15 +12,28 @@ import contextlib
 import functools
 from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from .retry import Decision
+from .retry import Decision, Verdict
 
 if TYPE_CHECKING:
     from .leases import ClaimedJob, ErrorInfo
-    from .worker.execution import Outcome
 
 TRACER_NAME = "django_leasejobs"
+
+
+class Ended(Protocol):
+    """What a span records of how an attempt ended (the worker's ``Outcome``)."""
+
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def error(self) -> ErrorInfo | None: ...
+    @property
+    def verdict(self) -> Verdict: ...
+
+
+EndedT = TypeVar("EndedT", bound=Ended)
 
 
 @functools.cache
@@ -62,14 +75,14 @@ def _parent(stored: Any, propagate: ModuleType) -> Any:
         return None
 
 
-def outcome_label(outcome: Outcome) -> str:
+def outcome_label(outcome: Ended) -> str:
     """``leasejobs.outcome``: succeeded, snoozed (the task raised ``Retry``) or failed."""
     if outcome.ok:
         return "succeeded"
     return "snoozed" if outcome.verdict.decision == Decision.SNOOZE else "failed"
 
 
-def traced(job: ClaimedJob, backend: str, run: Callable[[], Outcome]) -> Outcome:
+def traced(job: ClaimedJob, backend: str, run: Callable[[], EndedT]) -> EndedT:
     """``run()`` (one attempt) inside the span ``leasejobs.job {task_path}`` (kind
     CONSUMER), a child of the job's stored trace context. Without the extra, ``run()``.
 
@@ -97,7 +110,7 @@ def traced(job: ClaimedJob, backend: str, run: Callable[[], Outcome]) -> Outcome
         span = span_cm.__enter__()
     except Exception:
         return run()
-    outcome: Outcome | None = None
+    outcome: EndedT | None = None
     try:
         outcome = run()
         return outcome

@@ -19,8 +19,8 @@ from django_leasejobs.compat import task_backends
 from django_leasejobs.leases import database_now
 from django_leasejobs.models import Job, JobStatus, RunKind, Schedule, ScheduleRun
 from django_leasejobs.models import Worker as WorkerRow
+from django_leasejobs.schedule_spec import parse_schedules
 from django_leasejobs.schedules.scheduler import run_pass
-from django_leasejobs.schedules.spec import parse_schedules
 from testproject.settings import DEMO_SCHEDULES
 from tests.worker_harness import FAST_OPTIONS, MANAGE_PY, REPO_ROOT, wait_until
 

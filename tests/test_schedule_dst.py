@@ -24,7 +24,7 @@ from django_leasejobs.schedules.scheduler import lease_backend, run_pass
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BACKEND = "django_leasejobs.backend.LeaseJobsBackend"
-TICK_MATH = ("cronsim", "django_leasejobs.schedules.spec")
+TICK_MATH = ("cronsim", "django_leasejobs.schedule_spec")
 """Left with the real ``datetime`` class: freezegun's stand-in loses ``fold`` in
 ``astimezone``, the one bit that tells the two 02:30s of a fall-back night apart."""
 BERLIN = ZoneInfo("Europe/Berlin")

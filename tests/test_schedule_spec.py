@@ -10,7 +10,7 @@ from django.core import checks
 from django.test import override_settings
 
 from django_leasejobs.conf import parse_options
-from django_leasejobs.schedules.spec import (
+from django_leasejobs.schedule_spec import (
     MAX_SCAN,
     ScheduleSpec,
     parse_schedules,

@@ -23,8 +23,8 @@ from django.test import override_settings
 
 from django_leasejobs import schedules
 from django_leasejobs.models import Job, JobStatus, RunKind, Schedule, ScheduleRun
+from django_leasejobs.schedule_spec import ScheduleSpec
 from django_leasejobs.schedules.scheduler import lease_backend, plan, run_pass
-from django_leasejobs.schedules.spec import ScheduleSpec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -29,9 +29,9 @@ from ..compat import task_backends
 from ..exceptions import UnknownTask
 from ..leases import database_now
 from ..models import Job, Schedule, ScheduleRun
+from ..schedule_spec import ScheduleSpec
 from ..schedules import operations, transitions
 from ..schedules.operations import ScheduleView, UnknownSchedule
-from ..schedules.spec import ScheduleSpec
 from ..templatetags.leasejobs_admin import seconds
 from .display import pretty_json, status_badge, when
 from .filter_safety import FilterSafeAdmin

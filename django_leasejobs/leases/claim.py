@@ -13,36 +13,14 @@ from django.utils.dateparse import parse_datetime
 
 from ..limits import FlowRules
 from ..retry import backoff_problems
+from .claim_write import CLAIM_COLUMNS, RETURNING, claim_set
 from .dialect import Dialect, dialect, placeholders, retry_deadlocks
-from .fenced import lock_update_read, read_back
+from .fenced import lock_update_read
 from .flow import flow_claim, flow_lane_due, paused_condition
 from .rules import cancel_wins
 from .values import ClaimedJob, ClaimRound
 
-CLAIM_COLUMNS = (
-    "id",
-    "attempt",
-    "task_path",
-    "queue",
-    "priority",
-    "args",
-    "kwargs",
-    "timeout",
-    "max_attempts",
-    "checkpoint",
-    "retry_backoff",
-    "key",
-    "task_options",
-    "enqueued_at",
-    "started_at",
-    "last_attempted_at",
-    "snoozes",
-    "trace_context",
-)
 _PRIORITY = CLAIM_COLUMNS.index("priority")
-RETURNING = (*CLAIM_COLUMNS, "run_after")
-"""What a claim reads back: ``run_after`` last, to put the rows back in claim order
-(RETURNING gives no order)."""
 NO_RULES = FlowRules()
 CLAIM_ORDER = "priority DESC, run_after, id"
 """The claim order: priority (high first), then ``run_after``, then id."""
@@ -202,7 +180,7 @@ def _claim_main_lane(
             "ORDER BY p.priority DESC, p.run_after, p.id LIMIT %s"
         )
         pick_params = [list(queues), backend, limit, backend, *flow_params, limit]
-    set_list, set_params = _claim_set(d, worker_id, lease_duration)
+    set_list, set_params = claim_set(d, worker_id, lease_duration)
     if d.batched:
         columns = ", ".join(d.q(c) for c in RETURNING)
         with connections[d.using].cursor() as cursor:
@@ -225,46 +203,6 @@ def _flow_lane_due(d: Dialect, backend: str, queues: Sequence[str] | None) -> bo
         cursor.execute(f"SELECT CASE WHEN {sql} THEN 1 ELSE 0 END", params)
         (due,) = cursor.fetchone()
     return bool(due)
-
-
-def _claim_set(d: Dialect, worker_id: str, lease_duration: float) -> tuple[str, list[Any]]:
-    """The SET list of a claim (and its parameters): running, attempt + 1, the lease."""
-    set_list = (
-        "status = 'running', attempt = j.attempt + 1, locked_by = %s, "
-        f"locked_until = {d.now_plus}, heartbeat_at = {d.now}, last_worker = %s, "
-        f"started_at = COALESCE(j.started_at, {d.now}), last_attempted_at = {d.now}, "
-        "progress = NULL, progress_message = '', cancel_requested = FALSE"
-    )
-    return set_list, [worker_id, d.offset(lease_duration), worker_id]
-
-
-def claim_rows(
-    cursor: Any, d: Dialect, worker_id: str, ids: Sequence[int], lease_duration: float
-) -> list[tuple[Any, ...]]:
-    """Claim the rows ``ids`` that are still pending, inside the caller's transaction
-    (the flow claim, which chose them under its lock); return them as ``RETURNING``."""
-    set_list, set_params = _claim_set(d, worker_id, lease_duration)
-    where = f"j.status = 'pending' AND j.id IN ({placeholders(len(ids))})"
-    if d.batched:
-        columns = ", ".join(d.q(c) for c in RETURNING)
-        cursor.execute(
-            f"UPDATE {d.jobs} AS j SET {set_list} WHERE {where} RETURNING {columns}",  # noqa: S608 - identifiers quoted, values bound
-            [*set_params, *ids],
-        )
-        return [tuple(row) for row in cursor.fetchall()]
-    cursor.execute(
-        f"SELECT j.id FROM {d.jobs} AS j WHERE {where} ORDER BY j.id{d.skip_locked}",  # noqa: S608 - identifiers quoted, values bound
-        list(ids),
-    )
-    locked = [int(job_id) for (job_id,) in cursor.fetchall()]
-    if not locked:
-        return []
-    cursor.execute(
-        f"UPDATE {d.jobs} AS j SET {set_list} "  # noqa: S608 - identifiers quoted, values bound
-        f"WHERE j.status = 'pending' AND j.id IN ({placeholders(len(locked))})",
-        [*set_params, *locked],
-    )
-    return read_back(d, cursor, locked, RETURNING)
 
 
 def unclaim(

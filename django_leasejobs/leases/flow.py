@@ -39,6 +39,7 @@ from django.db import OperationalError, connections, transaction
 
 from ..limits import FlowRules, Rate, parse_rate, queue_scope, task_group
 from ..models import FlowLock, Queue, RateStart
+from .claim_write import claim_rows
 from .dialect import Dialect, dialect, placeholders, retry_deadlocks
 
 CANDIDATE_COLUMNS = (
@@ -254,10 +255,8 @@ def flow_claim(
     using: str,
 ) -> tuple[list[tuple[Any, ...]], bool]:
     """Claim up to ``limit`` jobs of both lanes under the flow lock (see the module
-    docstring); return the claimed rows (``claim.RETURNING``) and whether a limit held a
-    due job back (a candidate skipped, or a queue at its limit)."""
-    from .claim import claim_rows  # (claim.py calls this module)
-
+    docstring); return the claimed rows (``claim_write.RETURNING``) and whether a limit
+    held a due job back (a candidate skipped, or a queue at its limit)."""
     d = dialect(using)
 
     def work() -> tuple[list[tuple[Any, ...]], bool]:

@@ -13,9 +13,9 @@ from typing import Any, Literal
 from ..compat import DEFAULT_TASK_BACKEND_ALIAS
 from ..leases import database_now
 from ..models import Job, Schedule
+from ..schedule_spec import ScheduleSpec, require_aware_times
 from . import transitions
 from .scheduler import lease_backend, scheduled_task
-from .spec import ScheduleSpec, require_aware_times
 from .transitions import EnqueuedRun
 
 State = Literal["active", "paused", "disabled", "removed", "new"]

@@ -20,8 +20,8 @@ from ..exceptions import UnknownTask
 from ..leases import database_now
 from ..models import Schedule
 from ..registry import resolve
+from ..schedule_spec import ScheduleSpec
 from . import transitions
-from .spec import ScheduleSpec
 from .transitions import EnqueuedRun
 
 logger = logging.getLogger("django_leasejobs")

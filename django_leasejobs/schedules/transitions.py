@@ -23,7 +23,7 @@ from django.db.models import Q, QuerySet
 from ..compat import Task, TaskResult
 from ..functions import DatabaseNow
 from ..models import RunKind, Schedule, ScheduleRun
-from .spec import ScheduleSpec, require_aware_times
+from ..schedule_spec import ScheduleSpec, require_aware_times
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..backend import live_result, task_as_enqueued, task_error
 from ..compat import AnyTask, AnyTaskResult, TaskContext, TaskError
 from ..exceptions import InvalidTaskArguments, UnknownTask
 from ..leases import (
@@ -29,6 +28,7 @@ from ..leases import (
 )
 from ..models import AttemptOutcome, JobStatus
 from ..registry import resolve
+from ..results import live_result, task_as_enqueued, task_error
 from ..retry import DEFAULT_MAX_SNOOZES, RETRIED, Backoff, Decision, Verdict, verdict
 from ..serialization import json_value
 from ..tracing import traced

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from ..backend import NOTIFY_CHANNEL
+from ..leases import NOTIFY_CHANNEL
 from .inbox import JobsMayBeReady, Listening
 from .threads import ThreadContext, WorkerThread
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.dispatch import Signal
 
-from ..backend import STATUS_TO_RESULT, LeaseJobsBackend, attempt_history
+from ..backend import LeaseJobsBackend
 from ..compat import (
     AnyTaskResult,
     TaskResultStatus,
@@ -29,6 +29,7 @@ from ..exceptions import LeaseLost, TaskFailed, task_failure
 from ..leases import ClaimedJob, ErrorInfo, storable_text
 from ..logs import log_failure
 from ..models import JobStatus
+from ..results import STATUS_TO_RESULT, attempt_history
 from ..signals import job_failed, job_started, job_succeeded, jobs_claimed, lease_lost
 from .execution import error_as_task_error, running_result
 from .jobs import RunningJob, StopReason

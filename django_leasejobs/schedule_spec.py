@@ -24,8 +24,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from ..exceptions import InvalidTaskArguments
-from ..serialization import json_arguments
+from .exceptions import InvalidTaskArguments
+from .serialization import json_arguments
 
 CatchUp = Literal["latest", "none", "all"]
 CATCH_UP_POLICIES: tuple[str, ...] = ("latest", "none", "all")
@@ -284,7 +284,7 @@ def _every_seconds(value: Any) -> int | str:
 def _parse_one(
     name: str, raw: Mapping[str, Any], default_timezone: str
 ) -> tuple[ScheduleSpec | None, list[ScheduleProblem]]:
-    from ..models import MAX_PRIORITY, MIN_PRIORITY
+    from .models import MAX_PRIORITY, MIN_PRIORITY
 
     found: list[ScheduleProblem] = []
 
