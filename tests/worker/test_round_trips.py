@@ -22,7 +22,7 @@ from django_leasejobs.compat import task_backends
 from django_leasejobs.models import Job, JobAttempt, JobStatus
 from django_leasejobs.worker.loop import Worker, WorkerConfig
 
-from . import tasks, tasks_worker
+from .. import tasks, tasks_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -25,7 +25,7 @@ from packaging.requirements import Requirement
 
 import django_leasejobs
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 
 # Makes the django-tasks backport unimportable, as on Python 3.12+ without the [django52]

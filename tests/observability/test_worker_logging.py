@@ -23,7 +23,7 @@ FRESH = {"DJANGO_SETTINGS_MODULE": "tests.settings_fresh"}
 
 OPTIONS = {"IMPORTS": ["tests.tasks_contract"]}
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 def documented_extra_keys() -> set[str]:

@@ -21,7 +21,7 @@ from django_leasejobs.testing import LeaseJobsKit, assert_enqueued, run_jobs
 from django_leasejobs.testing import pytest_plugin as plugin
 from tests import tasks_testing_kit as kit_tasks
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 leasejobs = plugin.leasejobs  # registers the plugin's fixture in this module
 

@@ -65,7 +65,7 @@ def test_the_quickstart_runs_as_written_in_a_new_project(tmp_path: Path) -> None
     done = subprocess.run(
         [
             sys.executable,
-            str(Path(__file__).with_name("quickstart.py")),
+            str(Path(__file__).parents[1] / "quickstart.py"),
             "--python",
             sys.executable,
             "--workdir",

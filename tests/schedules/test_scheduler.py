@@ -123,7 +123,7 @@ import django
 django.setup()
 from django.test import override_settings
 from django_leasejobs.schedules import scheduler, transitions
-from tests.test_scheduler import tasks_with
+from tests.schedules.test_scheduler import tasks_with
 
 where, now, setting = sys.argv[1], datetime.fromisoformat(sys.argv[2]), eval(sys.argv[3])
 

@@ -20,7 +20,7 @@ from django_leasejobs import leases
 from django_leasejobs.conf import BACKEND_PATH
 from django_leasejobs.models import Job, JobStatus
 
-from .helpers_leases import make_job
+from ..helpers_leases import make_job
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "leasejobs_mirror"])
 
