@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html
 import re
-import time
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
@@ -31,6 +30,7 @@ from freezegun import freeze_time
 from django_leasejobs import leases
 from django_leasejobs.models import Job, JobAttempt, JobStatus, Worker, WorkerState
 from tests.tasks import add, configured
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -81,10 +81,12 @@ def claim(job_id: int, worker: str = WORKER) -> leases.ClaimedJob:
     A job retried with ``retry_delay=0`` is ready from the next tick of the database
     clock (SQLite's has millisecond steps): wait for that briefly.
     """
-    deadline = time.monotonic() + 2
-    while not (claimed := leases.claim(worker, limit=1, lease_duration=LEASE)):
-        assert time.monotonic() < deadline, f"job {job_id} never became ready"
-        time.sleep(0.002)
+    claimed = wait_until(
+        lambda: leases.claim(worker, limit=1, lease_duration=LEASE),
+        timeout=2,
+        interval=0.002,
+        what=f"job {job_id} to become ready",
+    )
     assert [c.id for c in claimed] == [job_id], "another ready job was claimed first"
     return claimed[0]
 
@@ -269,10 +271,12 @@ def database_clock_past(job_ids: Iterable[int]) -> None:
     """Until the database's clock is past the ``finished_at`` of ``job_ids`` (SQLite's
     clock has millisecond steps)."""
     latest = max(Job.objects.filter(pk__in=list(job_ids)).values_list("finished_at", flat=True))
-    deadline = time.monotonic() + 2
-    while leases.database_now() <= latest:
-        assert time.monotonic() < deadline, "the database clock does not move"
-        time.sleep(0.001)
+    wait_until(
+        lambda: leases.database_now() > latest,
+        timeout=2,
+        interval=0.001,
+        what="the database clock to move",
+    )
 
 
 def run_action(client: Client, action: str, ids: Iterable[int]) -> HttpResponse:

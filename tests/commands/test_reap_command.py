@@ -22,6 +22,7 @@ from django_leasejobs import leases
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
 from tests.conftest import MANAGE_PY, REPO_ROOT, ListHandler
 from tests.tasks import add
+from tests.waiting import wait_until
 
 WORKER = "worker-reap-test"
 
@@ -73,16 +74,25 @@ class LineReader:
         self._queue.put(None)  # end of file: the process closed the pipe
 
     def wait_for(self, needle: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
+        line: str = wait_until(
+            lambda: self._next_line_with(needle),
+            timeout,
+            what=lambda: f"a line containing {needle!r} in {self.lines!r}",
+        )
+        return line
+
+    def _next_line_with(self, needle: str) -> str | None:
+        """The first line read since the last call that contains ``needle``, else None
+        (the lines before it are kept in ``lines``); fails once the pipe is closed."""
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self.closed:
-                state = "pipe closed" if self.closed else "timed out"
-                raise AssertionError(f"{state}: no line containing {needle!r} in {self.lines!r}")
+            if self.closed:
+                raise AssertionError(
+                    f"pipe closed: no line containing {needle!r} in {self.lines!r}"
+                )
             try:
-                line = self._queue.get(timeout=min(remaining, 0.5))
+                line = self._queue.get_nowait()
             except queue.Empty:
-                continue
+                return None
             if line is None:
                 self.closed = True
                 continue
@@ -278,11 +288,14 @@ def test_loop_reaps_while_running_and_exits_on_sigterm(subprocess_env: dict[str,
         assert statuses([job_id]) == {job_id: JobStatus.RUNNING}
 
         expire([job_id])
-        deadline = time.monotonic() + 15
-        while statuses([job_id])[job_id] != JobStatus.PENDING:
+
+        def reaped() -> bool:
+            if statuses([job_id])[job_id] == JobStatus.PENDING:
+                return True
             assert process.poll() is None, "the reaper loop exited"
-            assert time.monotonic() < deadline, "the loop did not reap the expired job"
-            time.sleep(0.05)
+            return False
+
+        wait_until(reaped, timeout=15, what="the loop to reap the expired job")
         out.wait_for("released stale running jobs count=1", timeout=10)
         assert f"reaped job {job_id} attempt 1 -> pending" in out.lines
 

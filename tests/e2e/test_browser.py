@@ -47,7 +47,7 @@ from tests.browser import (
     screenshot_dir,
 )
 from tests.helpers_leases import expire, make_job, make_jobs, make_ready
-from tests.worker_harness import wait_until
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -22,7 +22,8 @@ from django_leasejobs.models import Worker as WorkerRow
 from django_leasejobs.schedules.scheduler import run_pass
 from django_leasejobs.schedules.spec import parse_schedules
 from testproject.settings import DEMO_SCHEDULES
-from tests.worker_harness import FAST_OPTIONS, MANAGE_PY, REPO_ROOT, wait_until
+from tests.waiting import wait_until
+from tests.worker_harness import FAST_OPTIONS, MANAGE_PY, REPO_ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -49,7 +49,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.worker_harness import REPO_ROOT, wait_until
+from tests.waiting import wait_until
+from tests.worker_harness import REPO_ROOT
 
 DEMO = REPO_ROOT / "scripts" / "demo"
 

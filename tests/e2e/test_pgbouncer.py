@@ -33,7 +33,8 @@ from tests.browser import in_ci
 from tests.conftest import RunManage
 from tests.pgbouncer import PgBouncer, find_pgbouncer, running
 from tests.tasks_worker_flow import read_lines
-from tests.worker_harness import IDLE_MAIN_LOOP, WorkerProcess, Workers, pid_alive, wait_until
+from tests.waiting import wait_until
+from tests.worker_harness import IDLE_MAIN_LOOP, WorkerProcess, Workers, pid_alive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -27,7 +27,8 @@ from django_leasejobs.conf import BACKEND_PATH
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus, Schedule
 from django_leasejobs.models import Worker as WorkerRow
 from tests.tasks_worker_shutdown import record_job, wait_for_go
-from tests.worker_harness import FAST_OPTIONS, wait_until
+from tests.waiting import wait_until
+from tests.worker_harness import FAST_OPTIONS
 
 SECOND = "leasejobs_second"
 pytestmark = pytest.mark.django_db(

@@ -14,7 +14,7 @@ from django.db import connection
 from django_leasejobs import leases
 from django_leasejobs.models import Job
 
-from ..worker_harness import wait_until
+from ..waiting import wait_until
 
 pytestmark = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="storage parameters and HOT are PostgreSQL's"

@@ -39,7 +39,8 @@ from django_leasejobs.models import (
     Worker,
 )
 from tests import tasks_metrics
-from tests.worker_harness import REPO_ROOT, Workers, wait_until
+from tests.waiting import wait_until
+from tests.worker_harness import REPO_ROOT, Workers
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

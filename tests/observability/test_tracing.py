@@ -24,7 +24,8 @@ from django_leasejobs.retry import Decision, Verdict
 from django_leasejobs.worker.execution import Outcome
 from tests import tasks_tracing
 from tests.tasks_tracing import BATCH, HIDE_OTEL, SPANS_DIR, read_spans, span_record
-from tests.worker_harness import Workers, wait_until
+from tests.waiting import wait_until
+from tests.worker_harness import Workers
 
 IMPORTS = {"IMPORTS": ["tests.tasks_tracing"]}
 GARBAGE = [

@@ -24,7 +24,8 @@ from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus, 
 from django_leasejobs.models import Worker as WorkerRow
 from tests import tasks_worker
 from tests.tasks_worker_shutdown import record_job, slow_job
-from tests.worker_harness import IDLE_MAIN_LOOP, MANAGE_PY, WorkerProcess, wait_until
+from tests.waiting import wait_until
+from tests.worker_harness import IDLE_MAIN_LOOP, MANAGE_PY, WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -31,7 +31,8 @@ from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus, 
 from django_leasejobs.models import Worker as WorkerRow
 from tests import tasks_worker, tasks_worker_flow
 from tests.tasks_worker_flow import read_lines
-from tests.worker_harness import IDLE_MAIN_LOOP, WorkerProcess, Workers, pid_alive, wait_until
+from tests.waiting import wait_until
+from tests.worker_harness import IDLE_MAIN_LOOP, WorkerProcess, Workers, pid_alive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,7 +11,8 @@ from django_leasejobs import queues
 from django_leasejobs.models import Job, JobStatus
 from tests import tasks_flow
 from tests.tasks_worker_flow import read_lines
-from tests.worker_harness import Workers, wait_until
+from tests.waiting import wait_until
+from tests.worker_harness import Workers
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

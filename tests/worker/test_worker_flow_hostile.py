@@ -24,7 +24,8 @@ from django.db import connection
 from django_leasejobs.models import AttemptOutcome, FlowLock, Job, JobAttempt, JobStatus
 from tests import tasks_flow_hostile as tasks
 from tests.tasks_worker_flow import read_lines
-from tests.worker_harness import Workers, pid_alive, wait_until
+from tests.waiting import wait_until
+from tests.worker_harness import Workers, pid_alive
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -26,7 +26,8 @@ from django_leasejobs.models import Job, JobStatus
 from django_leasejobs.worker.listener import listen_connection_params
 from django_leasejobs.worker.loop import Worker, WorkerConfig
 from tests import tasks_retry, tasks_worker_flow
-from tests.worker_harness import WorkerProcess, Workers, wait_until
+from tests.waiting import wait_until
+from tests.worker_harness import WorkerProcess, Workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -36,7 +36,8 @@ from django_leasejobs.worker.pools import (
 )
 from tests import tasks_worker_flow
 from tests.tasks_worker_flow import read_lines
-from tests.worker_harness import Workers, wait_until
+from tests.waiting import wait_until
+from tests.worker_harness import Workers
 
 Lease = tuple[int, int]
 

@@ -19,7 +19,7 @@ from django_leasejobs.models import Worker as WorkerRow
 from tests import tasks_worker_poison as poison
 from tests.helpers_leases import refusing_to_finish
 from tests.tasks_worker_shutdown import record_job, slow_job
-from tests.worker_harness import wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,8 @@ from django_leasejobs.compat import task_backends
 from django_leasejobs.models import Job, JobAttempt, JobStatus
 from tests import tasks_worker_flow
 from tests.tasks_worker_flow import read_lines
-from tests.worker_harness import Workers, wait_until
+from tests.waiting import wait_until
+from tests.worker_harness import Workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

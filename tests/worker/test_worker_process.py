@@ -38,7 +38,8 @@ from django_leasejobs.leases import CancelResult
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
 from testproject.embedded_db import settings_to_database_url
 from tests import tasks_worker, tasks_worker_faults
-from tests.worker_harness import WorkerProcess, Workers, pid_alive, wait_until
+from tests.waiting import wait_until
+from tests.worker_harness import WorkerProcess, Workers, pid_alive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -89,15 +90,15 @@ def wait_gone(pids: list[int], within: float, what: str) -> float:
 
     Returns the wall-clock time (``time.time()``) at which they were seen gone.
     """
-    started = time.monotonic()
-    deadline = started + within
-    while alive(pids):
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"{what}: still alive {within}s later: "
-                + ", ".join(f"{pid} ({describe(pid)})" for pid in alive(pids))
-            )
-        time.sleep(0.01)
+    wait_until(
+        lambda: not alive(pids),
+        within,
+        interval=0.01,
+        what=lambda: (
+            f"{what} to be gone; still alive: "
+            + ", ".join(f"{pid} ({describe(pid)})" for pid in alive(pids))
+        ),
+    )
     return time.time()
 
 

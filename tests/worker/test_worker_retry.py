@@ -20,7 +20,7 @@ from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
 from django_leasejobs.retry import Decision, Verdict, verdict
 from tests import tasks_retry
 from tests.tasks_worker_shutdown import record_job
-from tests.worker_harness import wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

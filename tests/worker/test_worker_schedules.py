@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 
 from django_leasejobs.models import Job, JobStatus, ScheduleRun
+from tests.waiting import wait_until
 from tests.worker.test_worker_faults import _terminate_other_backends
-from tests.worker_harness import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -20,7 +20,8 @@ from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus, 
 from django_leasejobs.models import Worker as WorkerRow
 from tests import tasks_worker
 from tests.tasks_worker_shutdown import record_job, wait_for_go
-from tests.worker_harness import WorkerProcess, pid_alive, wait_until
+from tests.waiting import wait_until
+from tests.worker_harness import WorkerProcess, pid_alive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

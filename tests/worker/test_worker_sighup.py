@@ -22,14 +22,8 @@ import pytest
 from django_leasejobs.models import Job, JobStatus, WorkerState
 from django_leasejobs.models import Worker as WorkerRow
 from tests.tasks_worker_shutdown import wait_for_go
-from tests.worker_harness import (
-    FAST_OPTIONS,
-    MANAGE_PY,
-    REPO_ROOT,
-    WorkerProcess,
-    pid_alive,
-    wait_until,
-)
+from tests.waiting import wait_until
+from tests.worker_harness import FAST_OPTIONS, MANAGE_PY, REPO_ROOT, WorkerProcess, pid_alive
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

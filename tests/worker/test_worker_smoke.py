@@ -8,7 +8,7 @@ import pytest
 
 from django_leasejobs.models import Job, JobStatus
 from tests import tasks, tasks_worker
-from tests.worker_harness import wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
