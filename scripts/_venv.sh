@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Sourced by scripts/test, scripts/demo, scripts/bench and .ci/run: create or reuse the
+# Sourced by scripts/test, scripts/demo, scripts/bench and scripts/ci.py: create or reuse the
 # virtualenv and install the project into it (editable) plus one PEP 735 dependency group of
 # pyproject.toml:
 #

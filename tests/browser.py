@@ -1,4 +1,4 @@
-"""Drive the system's Chromium with Playwright (tests/test_browser.py, scripts/screenshots).
+"""Drive the system's Chromium with Playwright (tests/e2e/test_browser.py, scripts/screenshots).
 
 Only the operating system's Chromium is used: Debian's ``chromium`` package, i.e.
 ``/usr/bin/chromium`` (``LEASEJOBS_CHROMIUM`` names another binary). Playwright's own

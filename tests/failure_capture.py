@@ -1,6 +1,6 @@
 """What error trackers would see of failed jobs, captured inside a real ``runworker``.
 
-Imported by the worker (``IMPORTS``) in tests/test_worker_failure_reports.py. When the
+Imported by the worker (``IMPORTS``) in tests/observability/test_worker_failure_reports.py. When the
 environment names a file, this module adds to the ``django_leasejobs`` logger a handler
 that reads a failure's record as Sentry's logging integration does (``record.exc_info``:
 the exception, then its ``__cause__`` chain; the record's extras) and formats it as any

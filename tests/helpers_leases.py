@@ -1,4 +1,5 @@
-"""Helpers for the lease protocol and reaper tests (tests/test_leases.py, tests/test_reaper.py).
+"""Helpers for the lease protocol and reaper tests (tests/leases/: test_leases.py,
+test_reaper.py).
 
 All times are the database's clock: rows are moved in time with UPDATEs relative to
 ``Now()``, never with Python's clock.

@@ -24,11 +24,12 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.waiting import wait_until
 
 STRAY_NOTIFICATION = "got packet 'A' from server when not linked"
 """PgBouncer's line for a notification that arrived on a server connection no client
@@ -117,19 +118,25 @@ class PgBouncer:
             argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
         )
         bouncer = cls(process, port, directory)
-        deadline = time.monotonic() + 20
-        while True:
+
+        def listening() -> bool:
             if process.poll() is not None:
                 stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
                 raise RuntimeError(
                     f"pgbouncer exited ({process.returncode}):\n{stderr}\n{bouncer.log()}"
                 )
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                return bouncer
-            if time.monotonic() > deadline:
-                bouncer.stop()
-                raise RuntimeError(f"pgbouncer did not listen on {port} in 20 s:\n{bouncer.log()}")
-            time.sleep(0.05)
+                return True
+            return False
+
+        try:
+            wait_until(listening, 20, what=f"pgbouncer to listen on {port}")
+        except AssertionError:
+            bouncer.stop()
+            raise RuntimeError(
+                f"pgbouncer did not listen on {port} in 20 s:\n{bouncer.log()}"
+            ) from None
+        return bouncer
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -46,7 +46,7 @@ DATABASES["leasejobs_mirror"] = {
     "TEST": {**DATABASES["default"].get("TEST", {}), "MIRROR": "default"},
 }
 
-# tests/test_pgbouncer.py points a subprocess's default alias at a pooler and passes the
+# tests/e2e/test_pgbouncer.py points a subprocess's default alias at a pooler and passes the
 # test database itself in LEASEJOBS_TEST_DIRECT_DATABASE_URL: the alias for LISTEN_DATABASE.
 if os.environ.get("LEASEJOBS_TEST_DIRECT_DATABASE_URL"):
     import environ
@@ -69,7 +69,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" and not IN_TES
         "NAME": os.path.join(_sqlite_dir, "test.sqlite3"),
     }
 
-# A second, real database for tests/test_two_databases.py (backends on two databases):
+# A second, real database for tests/e2e/test_two_databases.py (backends on two databases):
 # the same server as default, its own database (on SQLite a second file). pytest-django
 # creates its test database only when a test asks for the alias. Subprocesses get the
 # test database's name in LEASEJOBS_TEST_SECOND_DATABASE_NAME (tests/conftest.py).
@@ -105,14 +105,14 @@ if os.environ.get("LEASEJOBS_TEST_OPTIONS"):
     }
 
 # More TASKS entries for a subprocess, as JSON in LEASEJOBS_TEST_TASKS (alias -> entry,
-# added to or replacing the project's; tests/test_two_databases.py).
+# added to or replacing the project's; tests/e2e/test_two_databases.py).
 if os.environ.get("LEASEJOBS_TEST_TASKS"):
     import json
 
     TASKS = {**TASKS, **json.loads(os.environ["LEASEJOBS_TEST_TASKS"])}
 
 # django.tasks' own log receivers (task_started, task_finished) print on stderr at this
-# level in a subprocess (tests/test_task_signal_costs.py). Django 6 names the logger
+# level in a subprocess (tests/worker/test_task_signal_costs.py). Django 6 names the logger
 # "django.tasks", the backport "django_tasks".
 if os.environ.get("LEASEJOBS_TEST_TASKS_LOG_LEVEL"):
     _TASKS_LOG_LEVEL = os.environ["LEASEJOBS_TEST_TASKS_LOG_LEVEL"]

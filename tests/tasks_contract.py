@@ -1,4 +1,4 @@
-"""Tasks for tests/test_tasks_contract.py: one per kind of outcome."""
+"""Tasks for tests/backend/test_tasks_contract.py: one per kind of outcome."""
 
 from __future__ import annotations
 

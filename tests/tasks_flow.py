@@ -1,4 +1,5 @@
-"""Tasks with flow-control options (tests/test_flow_enqueue.py, test_worker_flow_control.py)."""
+"""Tasks with flow-control options (tests/backend/test_flow_enqueue.py,
+tests/worker/test_worker_flow_control.py)."""
 
 from __future__ import annotations
 

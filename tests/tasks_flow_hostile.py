@@ -1,4 +1,4 @@
-"""Tasks for tests/test_worker_flow_hostile.py: jobs of one concurrency key that check
+"""Tasks for tests/worker/test_worker_flow_hostile.py: jobs of one concurrency key that check
 the key's limit from the inside while they run, healthy ones and hostile ones.
 
 While a job runs, it holds one of its key's ``limit`` *slot files* locked with

@@ -1,4 +1,4 @@
-"""Tasks for tests/test_metrics.py: a mix of outcomes for one worker to count.
+"""Tasks for tests/observability/test_metrics.py: a mix of outcomes for one worker to count.
 
 No retry backoff (the worker tests' RETRY_BACKOFF is 0), so retried jobs run again at
 once.

@@ -1,4 +1,4 @@
-"""Hostile tasks for tests/test_worker_pipelining_hostile.py that tests/tasks_worker.py and
+"""Hostile tasks for tests/worker/test_worker_pipelining_hostile.py that tests/tasks_worker.py and
 tests/tasks_worker_poison.py do not have already: a job that ends its own process with
 ``os._exit``, one that raises ``SystemExit``, a result no database can store (a lone
 surrogate), and one that freezes its worker for a moment and then runs long. Each notes

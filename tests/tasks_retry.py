@@ -1,4 +1,4 @@
-"""Tasks for tests/test_worker_retry.py: retry control (issue 13, point 4) on a real worker.
+"""Tasks for tests/worker/test_worker_retry.py: retry control (issue 13, point 4) on a real worker.
 
 ``retry_on`` / ``dont_retry_on`` matched by ``isinstance`` where the attempt ran
 (subclasses count), ``Retry(after=...)`` snoozes and their bound, a callable backoff,

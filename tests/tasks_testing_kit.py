@@ -1,4 +1,4 @@
-"""Tasks for tests/test_testing_kit*.py: the testing kit (django_leasejobs.testing).
+"""Tasks for tests/testing_kit/test_testing_kit*.py: the testing kit (django_leasejobs.testing).
 
 Each is declared with ``@django_leasejobs.task`` in the ``tests`` app, so the registry
 resolves it as it would in a worker.

@@ -1,6 +1,6 @@
-"""Tasks for tests/test_tracing.py, and the worker's test-only OpenTelemetry set-up.
+"""Tasks for tests/observability/test_tracing.py, and the worker's test-only OpenTelemetry set-up.
 
-Loaded by the worker through OPTIONS["IMPORTS"] (tests/test_tracing.py passes it), so
+Loaded by the worker through OPTIONS["IMPORTS"] (tests/observability/test_tracing.py passes it), so
 it runs in the worker's main process before the slots fork, where a project would
 configure the SDK (its settings or an AppConfig.ready). With
 ``LEASEJOBS_TEST_SPANS_DIR`` set, finished spans are written as JSON lines, one file per

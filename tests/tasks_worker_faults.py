@@ -1,4 +1,4 @@
-"""Tasks for the fault tests in tests/test_worker_process.py, and a ``lease_lost`` probe.
+"""Tasks for the fault tests in tests/worker/test_worker_process.py, and a ``lease_lost`` probe.
 
 A worker imports this module on demand (the row's task path names it) or at start-up
 with ``OPTIONS["IMPORTS"] = ["tests.tasks_worker_faults"]``. When the worker's

@@ -1,4 +1,5 @@
-"""Tasks for the worker flow tests (tests/test_worker_flow.py, tests/test_runworker_command.py).
+"""Tasks for the worker flow tests (tests/worker/test_worker_flow.py,
+tests/commands/test_runworker_command.py).
 
 They leave evidence in ``marker_dir`` (the ``marker_dir`` fixture), one line per event,
 so tests count executions and follow a job without sleeping blindly. Lines are written

@@ -1,4 +1,4 @@
-"""Hostile tasks for tests/test_worker_poison.py: outcomes a database cannot store as they
+"""Hostile tasks for tests/worker/test_worker_poison.py: outcomes a database cannot store as they
 are, exceptions that break while being described, and progress no column can hold.
 
 Each one is a bulkhead test: the job must end in a terminal state with an attempt row

@@ -1,4 +1,4 @@
-"""URLconf of tests/test_metrics.py: the metrics view mounted as the docs show."""
+"""URLconf of tests/observability/test_metrics.py: the metrics view mounted as the docs show."""
 
 from django.urls import path
 

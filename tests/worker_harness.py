@@ -20,12 +20,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from tests import waiting
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MANAGE_PY = REPO_ROOT / "testproject" / "manage.py"
@@ -46,20 +47,6 @@ IDLE_MAIN_LOOP = ("WITH picked AS", "SELECT CASE WHEN EXISTS")
 """The statements an idle main loop's connection ends with (``pg_stat_activity.query``):
 its claim, and after an empty claim the check whether a job under flow control is due
 or (listening) the next-due lookup (``leases.seconds_to_next_due``)."""
-
-
-def wait_until(
-    condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05, what: str = ""
-) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        time.sleep(interval)
 
 
 def pid_alive(pid: int) -> bool:
@@ -96,7 +83,7 @@ class WorkerProcess:
             return "\n".join(self.lines)
 
     def wait_for_log(self, text: str, timeout: float = 20.0, count: int = 1) -> None:
-        wait_until(
+        waiting.wait_until(
             lambda: self.output.count(text) >= count or self.popen.poll() is not None,
             timeout,
             what=f"log line {text!r} x{count}",
