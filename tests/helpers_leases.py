@@ -142,15 +142,23 @@ def run_in_threads(
 
 
 @contextmanager
-def refusing_to_finish(job_id: int) -> Iterator[None]:
+def refusing_to_finish(job_id: int, *, as_connection_error: bool = False) -> Iterator[None]:
     """The database refuses every write that finishes ``job_id`` (succeeded, failed,
     cancelled), through a trigger, while letting the reaper put it back or end it dead:
-    an outcome no fallback can record. Dropped on exit."""
+    an outcome no fallback can record. Dropped on exit.
+
+    ``as_connection_error``: with an error the worker takes for the moment, not the row
+    (PostgreSQL's ``query_canceled``, MySQL's ``ER_QUERY_INTERRUPTED``), so the whole round
+    fails and is retried: a value that breaks the connection. Not on SQLite."""
+    if as_connection_error and connection.vendor == "sqlite":
+        raise ValueError("SQLite triggers raise constraint errors only")
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
                 "CREATE OR REPLACE FUNCTION leasejobs_test_refuse() RETURNS trigger AS $$ "
-                "BEGIN RAISE EXCEPTION 'refused by the test trigger'; END $$ LANGUAGE plpgsql"
+                "BEGIN RAISE EXCEPTION 'refused by the test trigger'"
+                + (" USING ERRCODE = '57014'" if as_connection_error else "")
+                + "; END $$ LANGUAGE plpgsql"
             )
             cursor.execute(
                 "CREATE TRIGGER leasejobs_test_refuse BEFORE UPDATE ON leasejobs_job "
@@ -165,7 +173,12 @@ def refusing_to_finish(job_id: int) -> Iterator[None]:
                 "CREATE TRIGGER leasejobs_test_refuse BEFORE UPDATE ON leasejobs_job "
                 f"FOR EACH ROW BEGIN IF OLD.id = {int(job_id)} "
                 "AND NEW.status IN ('succeeded', 'failed', 'cancelled') THEN "
-                "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test trigger'; "
+                + (
+                    "SIGNAL SQLSTATE '70100' SET MYSQL_ERRNO = 1317, "
+                    if as_connection_error
+                    else "SIGNAL SQLSTATE '45000' SET "
+                )
+                + "MESSAGE_TEXT = 'refused by the test trigger'; "
                 "END IF; END"
             )
         else:

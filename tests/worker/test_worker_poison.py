@@ -194,6 +194,48 @@ def test_an_outcome_the_database_refuses_is_given_up_and_reaped(
 
 
 @pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="SQLite triggers raise constraint errors only"
+)
+def test_an_outcome_that_fails_its_whole_round_is_isolated_then_given_up(
+    workers, marker_dir: str
+) -> None:
+    # The database fails every round that carries this job's outcome as if the moment
+    # were wrong (query_canceled / ER_QUERY_INTERRUPTED), not the row, while it keeps
+    # renewing the lease. The worker retries (a slow or failing write is no fault), then
+    # writes the outcome alone (issue 27: ISOLATE_AFTER), and gives it up when that fails
+    # too. Outcomes that shared its rounds are recorded, each job ran once.
+    refused = int(record_job.using(max_stalls=1).enqueue(marker_dir, "r").id)
+    with refusing_to_finish(refused, as_connection_error=True):
+        healthy = _healthy(marker_dir)
+        worker = workers.start(args=["--concurrency", "2"])
+        row = WorkerRow.objects.filter(state="running")
+        wait_until(
+            lambda: "gave up recording" in (row.values_list("problem", flat=True).first() or ""),
+            timeout=60,
+            what="the worker to give the outcome up",
+        )
+        problem = row.get().problem
+        assert f"job {refused} attempt 1" in problem, problem
+        assert "while it renewed the lease, alone too" in problem, problem
+        wait_until(
+            lambda: Job.objects.filter(pk__in=healthy, status=JobStatus.SUCCEEDED).count() == 6,
+            timeout=30,
+            what="the healthy jobs to be recorded",
+        )
+        _assert_healthy_ran_once(healthy, marker_dir)
+        wait_until(
+            lambda: Job.objects.filter(pk=refused, status=JobStatus.DEAD).exists(),
+            timeout=30,
+            what="the given-up job to be reaped (MAX_STALLS 1: dead)",
+        )
+    runs = (Path(marker_dir) / "r.runs").read_text().splitlines()
+    assert [line.split()[1] for line in runs] == ["1"], "the refused job ran once"
+    assert worker.popen.poll() is None, worker.output
+    worker.terminate()
+    assert worker.wait(timeout=20) == 0, worker.output
+
+
+@pytest.mark.skipif(
     connection.vendor == "sqlite",
     reason="SQLite has no row lock another session could hold (it serialises writers)",
 )
