@@ -48,17 +48,26 @@ def batched(
     update = (
         f"UPDATE {d.jobs} AS j SET {set_sql(lambda name: f'v.column{position[name]}')} "  # noqa: S608 - identifiers quoted, values bound
         f"FROM {source} "
-        "WHERE j.id = v.column1 AND j.attempt = v.column2 "
-        "AND j.locked_by = %s AND j.status = 'running' "
+        "WHERE j.id = v.column1 AND j.attempt = v.column2 AND j.locked_by = %s "
     )
     columns = ", ".join(d.q(c) for c in ("id", "attempt", *returning))
     with connections[d.using].cursor() as cursor:
         if not d.row_locks:
-            cursor.execute(f"{update}RETURNING {columns}", [*params, worker_id])
+            cursor.execute(
+                f"{update}AND j.status = 'running' RETURNING {columns}", [*params, worker_id]
+            )
             return [tuple(row) for row in cursor.fetchall()], frozenset()
         wanted = set(asked)
         ids = sorted({job_id for job_id, _ in wanted})
         in_ids, id_params = d.in_ids(ids)
+        # ``mine`` locks the rows this worker holds (``HELD``: its id, status 'running'),
+        # for the rest of the statement: the UPDATE re-checks the attempt and the holder,
+        # and leaves ``status`` to ``mine``. A status test in the UPDATE lets the planner
+        # read the rows through an index on ``status``: with statistics taken while few
+        # jobs ran, it expects one running row and reads every running row of every
+        # worker for each row it writes (seconds for a few hundred leases, so a renewal
+        # could end after the lease it extends: bench/overload.py). Without it, only the
+        # primary key reaches ``j``.
         sql = (
             f"WITH mine AS (SELECT id FROM {d.jobs} WHERE id {in_ids} "  # noqa: S608 - identifiers quoted, values bound
             f"AND {HELD} ORDER BY id{d.skip_locked}) "

@@ -989,3 +989,42 @@ def test_heartbeat_and_batched_writes_of_one_worker_do_not_deadlock() -> None:
     assert tally["unclaimed"] == per_round * len(range(2, rounds, 3))
     assert tally["renewed"] >= count * rounds // 2
     assert Job.objects.filter(pk__in=ids, status=JobStatus.RUNNING).count() == count
+
+
+def _scans_of_the_job_table(plan: Any) -> list[tuple[str, str]]:
+    """(node type, index name) of every scan of ``leasejobs_job`` aliased ``j``."""
+    found = []
+    scan = plan.get("Node Type") != "ModifyTable"
+    if scan and plan.get("Relation Name") == "leasejobs_job" and plan.get("Alias") == "j":
+        found.append((plan["Node Type"], plan.get("Index Name", "")))
+    for child in plan.get("Plans", []):
+        found += _scans_of_the_job_table(child)
+    return found
+
+
+@db
+@pytest.mark.skipif(not ON_POSTGRESQL, reason="the batched path's plan on PostgreSQL")
+def test_a_batched_write_reaches_its_rows_by_primary_key_even_with_stale_statistics(
+    lease_path: str,
+) -> None:
+    """Issue 27: statistics taken while no job ran made the planner read every running
+    row of every worker for each row a renewal or completion wrote (seconds for a few
+    hundred leases, so a renewal could commit after the lease it extended had expired).
+    The UPDATE must reach the job rows through the primary key whatever the statistics."""
+    if lease_path != "batched":
+        pytest.skip("the plan of the batched path")
+    make_jobs(20_000)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE leasejobs_job")  # no job is running now
+    for worker in range(16):
+        leases.claim(f"other-{worker}", limit=450, lease_duration=LEASE)
+    mine = leases.claim("w", limit=300, lease_duration=LEASE)
+    with CaptureQueriesContext(connection) as captured:
+        result = leases.renew("w", [job.lease for job in mine], lease_duration=LEASE)
+    assert len(result.held) == 300
+    [statement] = [q["sql"] for q in captured.captured_queries if "UPDATE" in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {statement}")
+        [[plan]] = cursor.fetchall()
+    scans = _scans_of_the_job_table(plan[0]["Plan"])
+    assert scans == [("Index Scan", "leasejobs_job_pkey")], scans
