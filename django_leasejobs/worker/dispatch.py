@@ -41,10 +41,11 @@ PIPELINE_DEPTH = 64
 """Jobs a slot holds at most (the one it runs and those queued behind it)."""
 
 SLOW_ROUND_SHARE = 0.1
-"""A database round that takes longer than this share of ``LEASE_DURATION`` (from the
-hand-over to the database thread until the main loop reads its result) makes the worker
-claim for its free slots only, without prefetching, until a round is quick again: under
-overload it holds no more leases than it can run and record in time."""
+"""A database round (from the hand-over to the database thread until the main loop reads
+its result) or a renewal that takes longer than this share of ``LEASE_DURATION`` makes
+the worker claim for its free slots only, without prefetching, for one
+``LEASE_DURATION`` after the last slow one: under overload it holds no more leases than
+it can run, renew and record in time."""
 
 
 @dataclass(eq=False)
@@ -60,7 +61,9 @@ class Dispatcher:
     prefetch_paused: bool = False
     """A give-back paused prefetching until a slot frees."""
     rounds_slow: bool = False
-    """The last database round was slow (``SLOW_ROUND_SHARE``)."""
+    """A database round or a renewal was slow less than a lease ago (``SLOW_ROUND_SHARE``)."""
+    slow_until: float = 0.0
+    """Monotonic time until which ``rounds_slow`` holds."""
 
     def __post_init__(self) -> None:
         if self.prefetch_limit < 0:
@@ -108,9 +111,15 @@ class Dispatcher:
         self.prefetch_paused = True  # until a slot frees: else we would claim them again
         self.prefetch_limit = max(1.0, self.prefetch_limit / PREFETCH_BACKOFF)
 
-    def round_took(self, seconds: float) -> bool:
-        """Note a database round's duration; True when the worker's pace changes."""
-        slow = seconds > SLOW_ROUND_SHARE * self.lease_duration
+    def is_slow(self, seconds: float) -> bool:
+        return seconds > SLOW_ROUND_SHARE * self.lease_duration
+
+    def took(self, seconds: float, now: float) -> bool:
+        """Note how long a database round or a renewal took; True when the worker's pace
+        changes (it stays slow for a lease after the last slow one)."""
+        if self.is_slow(seconds):
+            self.slow_until = now + self.lease_duration
+        slow = now < self.slow_until
         changed = slow != self.rounds_slow
         self.rounds_slow = slow
         return changed

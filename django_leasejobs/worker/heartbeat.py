@@ -27,7 +27,8 @@ from .. import leases
 from ..leases import storable_text
 from ..reaper import announce_reaped
 from ..signals import heartbeat_sent
-from .inbox import CancelRequested, LeaseLost, NextDue
+from .dispatch import SLOW_ROUND_SHARE
+from .inbox import CancelRequested, LeaseLost, NextDue, RenewalWasSlow
 from .rounds import is_connection_error
 from .shared import WorkerStatus
 from .threads import ThreadContext, WorkerThread
@@ -145,8 +146,12 @@ class Heartbeat(WorkerThread):
         if not wanted:
             return 0
         being_written = table.being_recorded()
+        started = time.monotonic()
         result = self._renew(wanted)
-        table.renewed(result.held, time.monotonic())
+        now = time.monotonic()
+        table.renewed(result.held, now)
+        if now - started > SLOW_ROUND_SHARE * self.ctx.options.lease_duration:
+            inbox.post(RenewalWasSlow(now - started))
         for lease in result.lost:
             detail = "the renewal matched no row (reaped, re-claimed or finished elsewhere)"
             inbox.post(LeaseLost(lease, detail))

@@ -48,6 +48,14 @@ class NextDue:
 
 
 @dataclass(frozen=True, slots=True)
+class RenewalWasSlow:
+    """A renewal of this worker's leases took this long (longer than the dispatch
+    policy's ``SLOW_ROUND_SHARE`` of the lease): claim less."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class JobsMayBeReady:
     """A NOTIFY arrived for one of the worker's queues: claim on the next pass."""
 
@@ -66,7 +74,16 @@ class StopAsked:
     signal_name: str
 
 
-Message = LeaseLost | CancelRequested | TimedOut | NextDue | JobsMayBeReady | Listening | StopAsked
+Message = (
+    LeaseLost
+    | CancelRequested
+    | TimedOut
+    | NextDue
+    | RenewalWasSlow
+    | JobsMayBeReady
+    | Listening
+    | StopAsked
+)
 
 
 class Inbox:

@@ -48,6 +48,7 @@ from .inbox import (
     Listening,
     Message,
     NextDue,
+    RenewalWasSlow,
     StopAsked,
     TimedOut,
 )
@@ -287,6 +288,8 @@ class Worker:
         elif isinstance(message, NextDue):
             idle = not self.book.ready
             self.rounds.heard(message, listening=self.listening, idle=idle)
+        elif isinstance(message, RenewalWasSlow):
+            self._pace(message.seconds, "renewal")
         elif isinstance(message, StopAsked):
             self._stop_asked(message.signal_name)
 
@@ -363,20 +366,25 @@ class Worker:
         the claimed jobs, handed to slots."""
         plan, result, took = self.rounds.take()
         self.recorder.finish(plan, result)
-        if self.dispatcher.round_took(took):
+        self._pace(took, "database round")
+        if result.claimed is not None:
+            claimed = result.claimed
+            self.reporter.claimed(len(claimed), plan.claim_limit)
+            self.rounds.claimed(len(claimed), plan.claim_limit, listening=self.listening)
+            self.handover.take_claimed(claimed)
+
+    def _pace(self, took: float, what: str) -> None:
+        """Claim less while rounds or renewals are slow (``dispatch.SLOW_ROUND_SHARE``)."""
+        if self.dispatcher.took(took, time.monotonic()):
             logger.info(
-                "database round took %.3fs: %s",
+                "%s took %.3fs: %s",
+                what,
                 took,
                 "claiming for free slots only, no prefetch"
                 if self.dispatcher.rounds_slow
                 else "prefetching again",
                 extra={"worker": self.worker_id, "duration": round(took, 6)},
             )
-        if result.claimed is not None:
-            claimed = result.claimed
-            self.reporter.claimed(len(claimed), plan.claim_limit)
-            self.rounds.claimed(len(claimed), plan.claim_limit, listening=self.listening)
-            self.handover.take_claimed(claimed)
 
     # ------------------------------------------------------------------ waiting
 

@@ -105,18 +105,21 @@ def test_prompt_starts_regrow_the_limit_up_to_prefetch(worker: Worker) -> None:
     assert worker.dispatcher.prefetch_now() == 64
 
 
-def test_slow_rounds_stop_prefetching_until_a_round_is_quick_again() -> None:
-    """Back-pressure (issue 27): while its database rounds are slow, a worker claims for
-    its free slots only, so it never holds more leases than it can run and record."""
+def test_slow_rounds_stop_prefetching_for_a_lease_after_the_last_one() -> None:
+    """Back-pressure (issue 27): while its database rounds or renewals are slow, and for
+    one lease after the last slow one, a worker claims for its free slots only, so it
+    never holds more leases than it can run, renew and record."""
     dispatcher = Dispatcher(concurrency=2, prefetch=64, lease_duration=4.0)
     dispatcher.mean_duration = 1e-5
     assert dispatcher.claim_limit(free_slots=2, waiting=0, jobs_left=None) == 66
     slow = SLOW_ROUND_SHARE * 4.0 + 0.01
-    assert dispatcher.round_took(slow) is True  # the pace changed: the worker logs it
+    assert dispatcher.took(slow, now=100.0) is True  # the pace changed: the worker logs it
     assert dispatcher.claim_limit(free_slots=2, waiting=0, jobs_left=None) == 2
-    assert dispatcher.round_took(slow) is False
+    assert dispatcher.took(0.01, now=101.0) is False  # one quick round is not enough
     assert dispatcher.claim_limit(free_slots=0, waiting=0, jobs_left=None) == 0
-    assert dispatcher.round_took(0.01) is True
+    assert dispatcher.took(slow, now=102.0) is False  # slow again: a lease from now
+    assert dispatcher.took(0.01, now=105.9) is False
+    assert dispatcher.took(0.01, now=106.1) is True
     assert dispatcher.claim_limit(free_slots=2, waiting=0, jobs_left=None) == 66
 
 
