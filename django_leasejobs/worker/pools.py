@@ -323,8 +323,15 @@ class ProcessPool:
     def collect(self) -> list[Event]:
         """Read everything the slots reported; replace dead children."""
         events: list[Event] = []
+        slots = list(self._slots)
+        # How far each child got, read BEFORE the poll: a child sends MSG_EXPIRED for a job
+        # it passes over (too late) before it records a later job as started, so every job
+        # up to this number that did not start has its message in the pipe by now, read
+        # below before any start is reported. (Read after the poll, it could name a job
+        # passed over whose message came after the poll as started.)
+        started = [int(slot.state.values[STARTED]) for slot in slots]
         ready = {fd for fd, _ in self._poller.poll(0)}
-        for slot in list(self._slots):
+        for slot, started_upto in zip(slots, started, strict=True):
             _drain(slot.bell_r)
             events.extend(slot.events)
             slot.events.clear()
@@ -333,7 +340,7 @@ class ProcessPool:
             if slot.sentinel in ready and not slot.process.is_alive():
                 self._slot_died(slot, events)
             elif slot.queue:
-                self._report_started(slot, events)
+                self._report_started(slot, events, started_upto)
         with self._lock:
             events.extend(self._retracted)
             self._retracted = []
@@ -361,11 +368,10 @@ class ProcessPool:
                         events.append(Retracted((message[1],)))
             # MSG_READY needs nothing.
 
-    def _report_started(self, slot: _ProcessSlot, events: list[Event]) -> None:
-        """Report the queued jobs the child started since the last look (a lock-free read
-        of ``STARTED``: the child only ever raises it). Their outcomes, read later, come
-        after this event."""
-        started = int(slot.state.values[STARTED])
+    def _report_started(self, slot: _ProcessSlot, events: list[Event], started: int) -> None:
+        """Report the queued jobs the child started since the last look, up to ``started``
+        (a lock-free read of ``STARTED`` before the pipes were polled: the child only ever
+        raises it). Their outcomes, read later, come after this event."""
         if started <= slot.reported_upto:
             return
         with self._lock:
