@@ -221,8 +221,15 @@ class ProcessPool:
     def collect(self) -> list[Event]:
         """Read everything the slots reported; replace dead children."""
         events: list[Event] = []
+        slots = list(self._slots)
+        # How far each child got, read BEFORE the poll: a child sends MSG_EXPIRED for a job
+        # it passes over (too late) before it records a later job as started, so every job
+        # up to this number that did not start has its message in the pipe by now, read
+        # below before any start is reported. (Read after the poll, it could name a job
+        # passed over whose message came after the poll as started.)
+        started = [int(slot.state.values[STARTED]) for slot in slots]
         ready = {fd for fd, _ in self._poller.poll(0)}
-        for slot in list(self._slots):
+        for slot, started_upto in zip(slots, started, strict=True):
             drain(slot.bell_r)
             events.extend(slot.events)
             slot.events.clear()
@@ -231,19 +238,20 @@ class ProcessPool:
             if slot.sentinel in ready and not slot.process.is_alive():
                 self._slot_died(slot, events)
             elif slot.queue:
-                self._report_started(slot, events)
+                self._report_started(slot, events, started_upto)
         with self._lock:
             events.extend(self._retracted)
             self._retracted = []
         return events
 
-    def _read_messages(self, slot: ProcessSlot, events: list[Event]) -> None:
-        """Read every message waiting in the slot's pipe (``_Frames``: one system call
-        for all of them, not two per message)."""
+    def _read_messages(self, slot: ProcessSlot, events: list[Event]) -> bool:
+        """Read the messages waiting in the slot's pipe (``Frames``: one system call for
+        up to 64 KiB of them, not two per message); False at its end (the child is gone:
+        its sentinel says so)."""
         try:
             messages = slot.frames.read()
         except (EOFError, OSError):
-            return  # the child is gone: its sentinel says so
+            return False
         for message in messages:
             if message[0] == MSG_OUTCOME:
                 outcome: Outcome = message[1]
@@ -258,12 +266,12 @@ class ProcessPool:
                     if take(slot.queue, message[1]):
                         events.append(Retracted((message[1],)))
             # MSG_READY needs nothing.
+        return True
 
-    def _report_started(self, slot: ProcessSlot, events: list[Event]) -> None:
-        """Report the queued jobs the child started since the last look (a lock-free read
-        of ``STARTED``: the child only ever raises it). Their outcomes, read later, come
-        after this event."""
-        started = int(slot.state.values[STARTED])
+    def _report_started(self, slot: ProcessSlot, events: list[Event], started: int) -> None:
+        """Report the queued jobs the child started since the last look, up to ``started``
+        (a lock-free read of ``STARTED`` before the pipes were polled: the child only ever
+        raises it). Their outcomes, read later, come after this event."""
         if started <= slot.reported_upto:
             return
         with self._lock:
@@ -276,7 +284,11 @@ class ProcessPool:
 
     def _slot_died(self, slot: ProcessSlot, events: list[Event]) -> None:
         slot.process.join(timeout=1)
-        self._read_messages(slot, events)  # outcomes it sent before it died count
+        # Outcomes it sent before it died count, all of them: one read takes 64 KiB at
+        # most, and the pipe may hold more (a job that finished would be reported as died
+        # with its slot, and run again).
+        while _readable(slot.conn_fd) and self._read_messages(slot, events):
+            pass
         if slot.term_sent_at is not None and not slot.killed:
             # The job left on SIGTERM, but what it started may still run in its group:
             # the SIGKILL after the grace is still owed. (A group id is not reused while
@@ -392,3 +404,8 @@ class ProcessPool:
 
     def child_pids(self) -> list[int]:
         return [s.pid for s in self._slots]
+
+
+def _readable(fd: int) -> bool:
+    """Something (or the end) waits in ``fd`` now."""
+    return bool(select.select([fd], [], [], 0)[0])
