@@ -2,9 +2,21 @@
 
 ``write(directory, name)`` writes ``<name>_settings.py`` (the test project's settings,
 quiet logging, no schedules, the bench's task module in ``IMPORTS``) and
-``<name>_tasks.py`` (one task, ``noop``) into ``directory``, and returns the two module
-names. Put ``directory`` first on the ``PYTHONPATH`` of the processes, with the test
-project's folder and the repository, and name the settings in ``DJANGO_SETTINGS_MODULE``.
+``<name>_tasks.py`` (two tasks, ``noop`` and ``record``) into ``directory``, and returns
+the two module names. Put ``directory`` first on the ``PYTHONPATH`` of the processes, with
+the test project's folder and the repository, and name the settings in
+``DJANGO_SETTINGS_MODULE``.
+
+Environment variables the processes read (unset: nothing changes):
+
+* ``LEASEJOBS_BENCH_OPTIONS``: a JSON object merged into the backend's ``OPTIONS``
+  (``{"LEASE_DURATION": 4, "HEARTBEAT_INTERVAL": 1}``);
+* ``LEASEJOBS_BENCH_LOG_INFO``: ``|``-separated starts of INFO messages of the
+  ``django_leasejobs`` logger to log besides its warnings (``database round took``):
+  the logger is then at INFO (``LEASEJOBS_BENCH_LOG_LEVEL``: DEBUG lets DEBUG messages
+  with those starts through too) with a filter that drops every other record below
+  WARNING;
+* ``LEASEJOBS_BENCH_RUNS``: the file ``record`` appends to (``bench/overload.py``).
 """
 
 from __future__ import annotations
@@ -26,14 +38,51 @@ LOGGING = {
 }
 TASKS["default"]["OPTIONS"]["SCHEDULES"] = {}  # noqa: F405
 TASKS["default"]["OPTIONS"]["IMPORTS"] = [TASK_MODULE]  # noqa: F405
+
+import json as _json  # noqa: E402
+import os as _os  # noqa: E402
+
+TASKS["default"]["OPTIONS"].update(  # noqa: F405
+    _json.loads(_os.environ.get("LEASEJOBS_BENCH_OPTIONS") or "{}")
+)
+_INFO_STARTS = tuple(p for p in _os.environ.get("LEASEJOBS_BENCH_LOG_INFO", "").split("|") if p)
+if _INFO_STARTS:
+
+    def _warnings_and_some_info(record):
+        return record.levelno >= 30 or str(record.msg).startswith(_INFO_STARTS)
+
+    LOGGING["filters"] = {"bench_info": {"()": lambda: _warnings_and_some_info}}
+    LOGGING["loggers"]["django_leasejobs"].update(
+        level=_os.environ.get("LEASEJOBS_BENCH_LOG_LEVEL") or "INFO", filters=["bench_info"]
+    )
 """
 
 TASKS = """\
+import os
+import time
+
 from django_leasejobs import task
 
 
 @task
 def noop():
+    return None
+
+
+_runs = None
+
+
+@task(takes_context=True)
+def record(context, ms=0):
+    \"\"\"Append "<job id> <attempt>" to $LEASEJOBS_BENCH_RUNS (one write, O_APPEND), then
+    sleep ``ms`` milliseconds.\"\"\"
+    global _runs
+    if _runs is None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        _runs = os.open(os.environ["LEASEJOBS_BENCH_RUNS"], flags, 0o644)
+    os.write(_runs, f"{context.task_result.id} {context.attempt}\\n".encode())
+    if ms:
+        time.sleep(ms / 1000)
     return None
 """
 
