@@ -88,6 +88,8 @@ else:
 
 # Worker tests start real `runworker` subprocesses with short timings: they pass the
 # backend OPTIONS as JSON in LEASEJOBS_TEST_OPTIONS (merged over the defaults).
+if os.environ.get("LEASEJOBS_TEST_ROOT_URLCONF"):
+    ROOT_URLCONF = os.environ["LEASEJOBS_TEST_ROOT_URLCONF"]
 if os.environ.get("LEASEJOBS_TEST_OPTIONS"):
     import json
 

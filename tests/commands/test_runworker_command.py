@@ -179,3 +179,19 @@ def test_reload_runs_the_worker_under_the_autoreloader(
     assert set(Job.objects.filter(pk__in=ids).values_list("status", flat=True)) == {
         JobStatus.SUCCEEDED
     }
+
+
+def test_runworker_starts_without_importing_the_urlconf(
+    run_manage: Any, subprocess_env: dict[str, str]
+) -> None:
+    """A worker runs the system checks it needs (models, this app's own), not the URL,
+    admin or template ones: those import the site's URLconf and every view behind it,
+    which a worker never serves, and every worker of a fleet pays its start-up.
+    (`manage.py check` still runs them all.)"""
+    result = tasks.add.enqueue(2, 3)
+    env = {**subprocess_env, "LEASEJOBS_TEST_ROOT_URLCONF": "tests.urls_broken"}
+    done = run_manage(["runworker", "--burst", "--concurrency", "1"], env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert Job.objects.get(pk=int(result.id)).status == JobStatus.SUCCEEDED
+    checked = run_manage(["check"], env=env, timeout=60)
+    assert "runworker imported the URLconf" in checked.stderr

@@ -7,6 +7,7 @@ import logging
 import os
 from typing import Any
 
+from django.core.checks import Tags
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import autoreload
@@ -69,6 +70,11 @@ def serve_metrics(address: tuple[str, int] | None) -> None:
 
 class Command(BaseCommand):
     help = "Run a worker: claim ready jobs, run them in isolated slots, keep their leases alive."
+    # The checks a worker needs at start: models, and this app's own (tagged compatibility
+    # and security). Not the URL, admin or template checks: those import the site's URLconf
+    # and every view behind it, which a worker never serves (`manage.py check` runs them
+    # all). Every worker pays its start-up, and a fleet starts many.
+    requires_system_checks = [Tags.models, Tags.compatibility, Tags.security, Tags.signals]
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--backend", default="default", help="TASKS alias (default: default).")
