@@ -53,14 +53,15 @@ class Handover:
 
     # -- claimed jobs in, to slots ------------------------------------------------------
 
-    def take_claimed(self, claimed: list[ClaimedJob]) -> None:
-        now = time.monotonic()
+    def take_claimed(self, claimed: list[ClaimedJob], *, claimed_at: float) -> None:
+        """Jobs a round claimed; their leases count from ``claimed_at`` (monotonic: when
+        the round was sent, no later than the database's clock started them)."""
         for job in claimed:
             try:
                 task: AnyTask | None = registry.resolve(job.task_path)
             except Exception:  # UnknownTask, or a module that fails to import
                 task = None  # the slot reports the clear error; nothing is called
-            running = RunningJob(job=job, task=task, started=now)
+            running = RunningJob(job=job, task=task, started=claimed_at)
             self.book.add(running)
             self.book.ready.append(running)
         self.dispatch()
@@ -189,13 +190,23 @@ class Handover:
 
     # -- stopping jobs ------------------------------------------------------------------
 
-    def stop(self, lease: Lease, reason: StopReason, detail: str = "") -> None:
-        """Stop a job the worker holds (not one whose outcome is being recorded)."""
+    def stop(
+        self, lease: Lease, reason: StopReason, detail: str = "", *, confirmed: bool = False
+    ) -> None:
+        """Stop a job the worker holds (not one whose outcome is being recorded).
+
+        ``confirmed``: the database said the lease is gone (a renewal matched no row)."""
         running = self.book.get(lease)
+        if running is not None and running.recording and confirmed:
+            # Its outcome waits to be written, and the lease is no longer this worker's:
+            # stop renewing it. A write under way decides (the fence refuses it); one that
+            # failed is not tried again (``Recorder.plan``).
+            self.book.table.let_go(lease)
+            running.lease_gone = True
+            return
         if running is None or running.stop_reason is not None or running.recording:
             return
         running.stop_reason = reason
-        running.stop_detail = detail
         if reason == "lease_lost":
             self.book.table.let_go(lease)
         self.reporter.stopping(running, reason, detail)

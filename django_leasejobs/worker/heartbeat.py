@@ -3,7 +3,9 @@
 Every ``HEARTBEAT_INTERVAL`` it renews all of the worker's leases in one UPDATE (with
 the jobs' progress), on its own connection, so a renewal never waits behind the main
 loop's outcome writes or claims. A lease the database no longer holds, or whose job an
-operator cancelled, is posted to the main loop's inbox; the loop stops the job. It
+operator cancelled, is posted to the main loop's inbox: the loop stops the job, or, when
+its outcome is being written, stops renewing the lease and lets the fenced write decide.
+A renewal slower than a tenth of the lease is posted too (the loop claims less). It
 touches the worker's registry row: every beat while the worker holds a lease or its
 state changed, every ``IDLE_TOUCH_BEATS`` beats otherwise. On the same connection it
 runs the reap pass of ``manage.py reap_stale_locks`` every ``STALE_LOCK_INTERVAL``
@@ -142,19 +144,21 @@ class Heartbeat(WorkerThread):
         stopped, or waiting for its outcome to be written, however long that takes (a
         slow write is no fault)."""
         table, inbox = self.ctx.table, self.ctx.inbox
-        wanted = table.to_renew()
-        if not wanted:
+        asked = table.to_renew()
+        if not asked:
             return 0
         being_written = table.being_recorded()
+        # The database counts the lease from the statement's start: so does the worker's
+        # local deadline (the watchdog), from the moment the renewal was sent.
         started = time.monotonic()
-        result = self._renew(wanted)
-        now = time.monotonic()
-        table.renewed(result.held, now)
-        if now - started > SLOW_ROUND_SHARE * self.ctx.options.lease_duration:
-            inbox.post(RenewalWasSlow(now - started))
+        result = self._renew({lease: renewal.progress for lease, renewal in asked.items()})
+        took = time.monotonic() - started
+        table.renewed({lease: asked[lease].generation for lease in result.held}, started)
+        if took > SLOW_ROUND_SHARE * self.ctx.options.lease_duration:
+            inbox.post(RenewalWasSlow(took))
         for lease in result.lost:
             detail = "the renewal matched no row (reaped, re-claimed or finished elsewhere)"
-            inbox.post(LeaseLost(lease, detail))
+            inbox.post(LeaseLost(lease, detail, asked[lease].generation, confirmed=True))
         for lease in result.cancel_requested:
             inbox.post(CancelRequested(lease))
         # Locked by another transaction: not renewed this time, not lost either; one that
@@ -171,7 +175,7 @@ class Heartbeat(WorkerThread):
                     "job_ids": sorted(job_id for job_id, _ in foreign),
                 },
             )
-        return len(wanted)
+        return len(asked)
 
     def _touch_due(self, renewed: int, status: WorkerStatus) -> bool:
         self._beats_since_touch += 1

@@ -18,10 +18,15 @@ Lease = tuple[int, int]
 @dataclass(frozen=True, slots=True)
 class LeaseLost:
     """Stop this job: the database no longer holds its lease for this worker (a renewal
-    matched no row), or the worker would call it lost (no renewal in time)."""
+    matched no row: ``confirmed``), or the worker would call it lost (no renewal in
+    time)."""
 
     lease: Lease
     detail: str
+    generation: int
+    """The lease table's generation of the entry it is about (a job given back and
+    claimed again at the same attempt is a new entry: an old message does not touch it)."""
+    confirmed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,7 @@ class TimedOut:
 
     lease: Lease
     detail: str
+    generation: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,6 @@ class RunningJob:
     task_result: AnyTaskResult | None = None
     """The django.tasks view sent with ``task_started``; copied for ``task_finished``."""
     stop_reason: StopReason | None = None
-    stop_detail: str = ""
     recording: bool = False
     """Its outcome is queued for writing: it is not stopped any more."""
     write_failures: int = 0
@@ -42,8 +41,11 @@ class RunningJob:
     """When the last of those rounds ended (monotonic)."""
     write_error: str = ""
     """What the last of those rounds failed with."""
-    written_alone: bool = False
-    """Its outcome was written in a round of its own (``recorder.ISOLATE_AFTER``)."""
+    failed_alone: int = 0
+    """Rounds of its own (``recorder.ISOLATE_AFTER``) that failed as a whole."""
+    lease_gone: bool = False
+    """A renewal matched no row while its outcome waited: the lease is no longer this
+    worker's, and the fenced write would be refused."""
     finished_at: datetime | None = None
     """The job's ``finished_at`` as the round wrote it (for ``task_finished``)."""
     history: list[JobAttempt] | None = None

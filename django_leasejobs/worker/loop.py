@@ -151,10 +151,6 @@ class Worker:
         self._selected: list[int] = []
 
     @property
-    def finished_jobs(self) -> int:
-        return self.book.finished
-
-    @property
     def problem(self) -> str:
         """What keeps this worker from working normally, '' when nothing: failing
         database rounds, and attempts it gave up recording in the last
@@ -274,12 +270,17 @@ class Worker:
                 self._selector.close()
 
     def _act_on(self, message: Message) -> None:
-        if isinstance(message, LeaseLost):
-            self.handover.stop(message.lease, "lease_lost", message.detail)
+        if isinstance(message, LeaseLost | TimedOut):
+            if self.table.generation(message.lease) != message.generation:
+                return  # about an entry gone since (given back, claimed again)
+            if isinstance(message, TimedOut):
+                self.handover.stop(message.lease, "timeout", message.detail)
+            else:
+                self.handover.stop(
+                    message.lease, "lease_lost", message.detail, confirmed=message.confirmed
+                )
         elif isinstance(message, CancelRequested):
             self.handover.stop(message.lease, "cancelled", "an operator cancelled the job")
-        elif isinstance(message, TimedOut):
-            self.handover.stop(message.lease, "timeout", message.detail)
         elif isinstance(message, JobsMayBeReady):
             self.rounds.claim_wanted = True
         elif isinstance(message, Listening):
@@ -365,13 +366,14 @@ class Worker:
         """Act on what the database said: the writes (``Recorder.finish``), the pace, and
         the claimed jobs, handed to slots."""
         plan, result, took = self.rounds.take()
+        sent_at = time.monotonic() - took
         self.recorder.finish(plan, result)
         self._pace(took, "database round")
         if result.claimed is not None:
             claimed = result.claimed
             self.reporter.claimed(len(claimed), plan.claim_limit)
             self.rounds.claimed(len(claimed), plan.claim_limit, listening=self.listening)
-            self.handover.take_claimed(claimed)
+            self.handover.take_claimed(claimed, claimed_at=sent_at)
 
     def _pace(self, took: float, what: str) -> None:
         """Claim less while rounds or renewals are slow (``dispatch.SLOW_ROUND_SHARE``)."""
@@ -409,6 +411,10 @@ class Worker:
         prefetched job's give-back, an owed SIGKILL, or a look at pipelined slots."""
         now = time.monotonic()
         timeout = self.rounds.wait_timeout(now)
+        if timeout <= 0 and not self.rounds.in_flight:
+            # This pass could start no round (every slot busy, or outcomes waiting for a
+            # renewal): a slot, the inbox or a finished round wakes the loop before then.
+            timeout = self.options.poll_interval
         if self.stopping:
             timeout = min(timeout, STOPPING_LOOK)
         wait_end = self.handover.oldest_wait_end()

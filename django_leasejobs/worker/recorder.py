@@ -29,9 +29,16 @@ statement well inside the databases' bound-parameter limits."""
 
 ISOLATE_AFTER = 3
 """An outcome whose round failed this many times as a whole (a connection-level error)
-while the database went on renewing its lease is written alone in the next round: the
-database answers, but not to that write (a value that breaks the connection, such as a
-packet over MySQL's ``max_allowed_packet``). Failing alone too, it is given up."""
+while the database went on renewing its lease is written alone in a round of its own:
+the database answers, but maybe not to that write (a value that breaks the connection,
+such as a packet over MySQL's ``max_allowed_packet``). From then on it is written only
+alone, each time after a renewal; failing alone ``GIVE_UP_ALONE`` times, it is given up.
+An outcome whose lease the database no longer holds for this worker is not written again
+(the fence would refuse it): its loss is reported."""
+
+GIVE_UP_ALONE = 2
+"""Failed rounds of its own (each after a renewal) that give an outcome up: one could be
+a moment's error (a deadlock, a statement timeout) that had nothing to do with it."""
 
 PROBLEM_MEMORY = 600.0
 """How long a worker reports an attempt it gave up recording (on its registry row)."""
@@ -62,34 +69,39 @@ class Recorder:
         # Earlier attempts' rows are only for receivers of the site's: Django's own log
         # receiver reads none of them.
         plan = RoundPlan(claim_limit=claim_limit, history=has_other_receivers(task_finished))
-        while (suspect := self._suspect()) is not None:
-            self.writes.remove(suspect)
-            running = suspect[0]
-            if not running.written_alone:
-                running.written_alone = True
+        for item in [item for item in self.writes if item[0].write_failures]:
+            running = item[0]
+            if running.lease_gone:  # a renewal matched no row: the fence refuses it now
+                self.writes.remove(item)
+                self._lost(running, "record")
+            elif running.failed_alone >= GIVE_UP_ALONE:
+                self.writes.remove(item)
+                self.give_up(
+                    running,
+                    f"the database refused its outcome {running.write_failures} times while "
+                    f"it renewed the lease, {running.failed_alone} of them alone: "
+                    f"{running.write_error}",
+                )
+            elif self._suspect(running):
+                self.writes.remove(item)
                 plan.claim_limit = 0  # this round tells whether the database takes it
-                self._sort_into(plan, [suspect])
+                plan.alone = True
+                self._sort_into(plan, [item])
                 return plan
-            self.give_up(
-                running,
-                f"the database refused its outcome {running.write_failures} times while "
-                f"it renewed the lease, alone too: {running.write_error}",
-            )
-        writes = self.writes[:MAX_ROUND_WRITES]
-        del self.writes[:MAX_ROUND_WRITES]
-        self._sort_into(plan, writes)
+        # Suspects wait for a renewal: they never fail a batch of others again.
+        batch = [item for item in self.writes if item[0].write_failures < ISOLATE_AFTER]
+        batch = batch[:MAX_ROUND_WRITES]
+        taken = {id(item) for item in batch}
+        self.writes = [item for item in self.writes if id(item) not in taken]
+        self._sort_into(plan, batch)
         return plan
 
-    def _suspect(self) -> tuple[RunningJob, Write] | None:
-        """A queued outcome whose rounds failed ``ISOLATE_AFTER`` times while its lease
-        was renewed after the last failure (the database answers, but not that write)."""
-        for item in self.writes:
-            running = item[0]
-            if running.write_failures >= ISOLATE_AFTER and (
-                self.book.table.renewed_at(running.job.lease) > running.write_failed_at
-            ):
-                return item
-        return None
+    def _suspect(self, running: RunningJob) -> bool:
+        """Its rounds failed ``ISOLATE_AFTER`` times, and its lease was renewed after the
+        last failure (the database answers, but maybe not to that write)."""
+        return running.write_failures >= ISOLATE_AFTER and (
+            self.book.table.renewed_at(running.job.lease) > running.write_failed_at
+        )
 
     def _sort_into(self, plan: RoundPlan, writes: list[tuple[RunningJob, Write]]) -> None:
         for running, what in writes:
@@ -146,12 +158,12 @@ class Recorder:
             running.finished_at = result.finished_at.get(running.job.lease)
             running.history = result.history.get(running.job.id)
         for running, outcome in plan.successes:
-            if not result.wrote_successes or running.job.lease in result.skipped:
+            if self._unwritten(running, result.wrote_successes, result):
                 requeue.append((running, outcome))
             else:
                 self._guarded(running, self._after_success, running, outcome, result)
         for running, what, failure, duration in plan.failures:
-            if not result.wrote_failures or running.job.lease in result.skipped:
+            if self._unwritten(running, result.wrote_failures, result):
                 requeue.append((running, what))
             else:
                 self._guarded(running, self._after_failure, running, failure, duration, result)
@@ -179,6 +191,17 @@ class Recorder:
                     running.write_failures += 1
                     running.write_failed_at = failed_at
                     running.write_error = error
+                    running.failed_alone += plan.alone
+
+    @staticmethod
+    def _unwritten(running: RunningJob, step_done: bool, result: RoundResult) -> bool:
+        """To be written again: its row was locked elsewhere, or its step ended early (a
+        connection-level error) before the database said anything of it. (A row written
+        one by one before the error was committed: it is written.)"""
+        lease = running.job.lease
+        if lease in result.skipped:
+            return True
+        return not step_done and lease not in result.statuses and lease not in result.unwritable
 
     def _after_success(self, running: RunningJob, outcome: Outcome, result: RoundResult) -> None:
         lease = running.job.lease

@@ -68,6 +68,8 @@ class RoundPlan:
     unclaims: list[tuple[RunningJob, Ending]] = field(default_factory=list)
     """Prefetched jobs that never started, given back."""
     claim_limit: int = 0
+    alone: bool = False
+    """One suspect outcome in a round of its own (``recorder.ISOLATE_AFTER``)."""
     look_first: bool = False
     """The safety poll of an idle listening worker: the worker first looks up when the
     next job of its queues comes due, and claims only if one is due already."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Literal
 
 from ..leases import Progress
 
@@ -20,7 +21,10 @@ Lease = tuple[int, int]
 @dataclass(eq=False, slots=True)
 class _Held:
     renewed_at: float
-    """Monotonic time of the last successful renewal (or of the claim)."""
+    """Monotonic time the last successful renewal was sent (or the claim)."""
+    generation: int
+    """Which entry for this lease: a job given back and claimed again at the same attempt
+    is a new one, so a message about the old one cannot touch it."""
     progress: Progress | None = None
     started_at: float | None = None
     """When it was handed to a slot (its timeout counts from then); None while waiting."""
@@ -39,9 +43,17 @@ class Overdue:
     """A job the watchdog found overdue: its lease (no renewal in time) or its timeout."""
 
     lease: Lease
-    kind: str
-    """``lease`` or ``timeout``"""
+    kind: Literal["lease", "timeout"]
     detail: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """A lease to renew: its job's latest progress, and its entry's generation."""
+
+    progress: Progress | None
+    generation: int
 
 
 class LeaseTable:
@@ -51,12 +63,20 @@ class LeaseTable:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[Lease, _Held] = {}
+        self._generations = 0
 
     # -- written by the main loop ---------------------------------------------------
 
     def add(self, lease: Lease, now: float) -> None:
         with self._lock:
-            self._held[lease] = _Held(renewed_at=now)
+            self._generations += 1
+            self._held[lease] = _Held(renewed_at=now, generation=self._generations)
+
+    def generation(self, lease: Lease) -> int:
+        """The generation of ``lease``'s entry (0: not in the table)."""
+        with self._lock:
+            held = self._held.get(lease)
+            return 0 if held is None else held.generation
 
     def remove(self, lease: Lease) -> None:
         with self._lock:
@@ -100,20 +120,25 @@ class LeaseTable:
 
     # -- read and written by the heartbeat ----------------------------------------------
 
-    def to_renew(self) -> dict[Lease, Progress | None]:
+    def to_renew(self) -> dict[Lease, Renewal]:
         """Every lease not presumed lost, with its job's latest progress."""
         with self._lock:
-            return {lease: h.progress for lease, h in self._held.items() if not h.let_go}
+            return {
+                lease: Renewal(h.progress, h.generation)
+                for lease, h in self._held.items()
+                if not h.let_go
+            }
 
     def being_recorded(self) -> set[Lease]:
         with self._lock:
             return {lease for lease, h in self._held.items() if h.recording}
 
-    def renewed(self, leases: frozenset[Lease], at: float) -> None:
+    def renewed(self, leases: dict[Lease, int], at: float) -> None:
+        """``leases`` (lease: generation) were renewed by a statement sent at ``at``."""
         with self._lock:
-            for lease in leases:
+            for lease, generation in leases.items():
                 held = self._held.get(lease)
-                if held is not None:
+                if held is not None and held.generation == generation:
                     held.renewed_at = at
 
     def __len__(self) -> int:
@@ -137,13 +162,14 @@ class LeaseTable:
                         f"no successful renewal for {silent:.1f}s (local deadline "
                         f"{deadline:g}s): cut off from the database, or the worker was paused"
                     )
-                    found.append(Overdue(lease, "lease", detail))
+                    found.append(Overdue(lease, "lease", detail, held.generation))
                 elif (
                     held.started_at is not None
                     and held.timeout is not None
                     and now - held.started_at > held.timeout
                 ):
-                    found.append(Overdue(lease, "timeout", f"after {now - held.started_at:.1f}s"))
+                    detail = f"after {now - held.started_at:.1f}s"
+                    found.append(Overdue(lease, "timeout", detail, held.generation))
                 else:
                     continue
                 held.stop_posted = True

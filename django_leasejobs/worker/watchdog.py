@@ -31,6 +31,6 @@ class Watchdog(WorkerThread):
         ctx = self.ctx
         for found in ctx.table.overdue(time.monotonic(), ctx.options.local_lease_deadline):
             if found.kind == "lease":
-                ctx.inbox.post(LeaseLost(found.lease, found.detail))
+                ctx.inbox.post(LeaseLost(found.lease, found.detail, found.generation))
             else:
-                ctx.inbox.post(TimedOut(found.lease, found.detail))
+                ctx.inbox.post(TimedOut(found.lease, found.detail, found.generation))

@@ -6,8 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
-from django_leasejobs.leases import Progress
+from django.db import OperationalError
+
+from django_leasejobs.backend import LeaseJobsBackend
+from django_leasejobs.compat import task_backends
+from django_leasejobs.leases import ClaimedJob, Progress
+from django_leasejobs.worker.execution import Outcome
 from django_leasejobs.worker.inbox import (
     CancelRequested,
     Inbox,
@@ -15,9 +21,14 @@ from django_leasejobs.worker.inbox import (
     LeaseLost,
     StopAsked,
 )
+from django_leasejobs.worker.jobs import JobBook, RunningJob
+from django_leasejobs.worker.recorder import GIVE_UP_ALONE, ISOLATE_AFTER, Recorder
+from django_leasejobs.worker.reporter import Reporter
+from django_leasejobs.worker.rounds import RoundPlan, RoundResult
 from django_leasejobs.worker.shared import LeaseTable, StatusBoard, WorkerStatus
 
 DEADLINE = 3.0
+Lease = tuple[int, int]
 
 
 def test_every_lease_not_presumed_lost_is_renewed_with_its_progress() -> None:
@@ -28,9 +39,13 @@ def test_every_lease_not_presumed_lost_is_renewed_with_its_progress() -> None:
     table.set_progress((1, 1), Progress(0.5, "half"))
     table.recording((2, 1))  # its outcome waits to be written: still renewed
     table.let_go((3, 1))  # presumed lost: never again
-    assert table.to_renew() == {(1, 1): Progress(0.5, "half"), (2, 1): None}
+    renewals = table.to_renew()
+    assert {lease: r.progress for lease, r in renewals.items()} == {
+        (1, 1): Progress(0.5, "half"),
+        (2, 1): None,
+    }
     assert table.being_recorded() == {(2, 1)}
-    table.renewed(frozenset({(1, 1), (9, 9)}), at=105.0)  # (9, 9): forgotten meanwhile
+    table.renewed({(1, 1): table.generation((1, 1)), (9, 9): 7}, at=105.0)  # (9, 9): gone
     assert table.renewed_at((1, 1)) == 105.0
     assert table.renewed_at((2, 1)) == 100.0
     assert table.renewed_at((9, 9)) == 0.0
@@ -61,16 +76,16 @@ def test_a_timeout_counts_from_the_hand_over_to_a_slot() -> None:
     assert len(table) == 0
 
 
-def test_the_inbox_keeps_order_and_makes_a_notify_flood_one_message() -> None:
+def test_the_inbox_keeps_the_order_of_messages_and_makes_a_notify_flood_one() -> None:
     inbox = Inbox()
     try:
         for _ in range(1000):
             inbox.post(JobsMayBeReady())
-        inbox.post(LeaseLost((1, 1), "gone"))
+        inbox.post(LeaseLost((1, 1), "gone", 1))
         inbox.post(CancelRequested((2, 1)))
         assert inbox.take() == [
             JobsMayBeReady(),
-            LeaseLost((1, 1), "gone"),
+            LeaseLost((1, 1), "gone", 1),
             CancelRequested((2, 1)),
         ]
         assert inbox.take() == []
@@ -111,3 +126,115 @@ def test_the_status_board_hands_the_loops_status_to_the_heartbeat() -> None:
     assert board.read() == WorkerStatus(state="running", problem="", listening=False)
     board.publish(WorkerStatus(state="stopping", problem="database rounds failing", listening=True))
     assert board.read().state == "stopping"
+
+
+# -- the recorder: which outcomes a round writes, and what a failed round means -------------
+
+
+def _recorder() -> tuple[Recorder, JobBook]:
+    book = JobBook(LeaseTable())
+    backend = task_backends["default"]
+    assert isinstance(backend, LeaseJobsBackend)
+    return Recorder(book, Reporter("w", backend), backend.config.retry_backoff), book
+
+
+def _finished(book: JobBook, recorder: Recorder, job_id: int, now: float) -> RunningJob:
+    job = ClaimedJob(
+        id=job_id,
+        attempt=1,
+        task_path="tests.tasks.add",
+        queue="default",
+        priority=0,
+        args=[1, 2],
+        kwargs={},
+        timeout=None,
+        max_attempts=3,
+        checkpoint=None,
+    )
+    running = RunningJob(job=job, task=None, started=now)
+    book.add(running)
+    recorder.record(running, Outcome(job.lease, ok=True, result=3))
+    return running
+
+
+def _fail_round(
+    recorder: Recorder, plan: RoundPlan, *, skipped: frozenset[Lease] = frozenset()
+) -> None:
+    recorder.finish(
+        plan,
+        RoundResult(error=OperationalError("server closed the connection"), skipped=set(skipped)),
+    )
+
+
+def _renew(book: JobBook, *leases: Lease) -> None:
+    book.table.renewed(
+        {lease: book.table.generation(lease) for lease in leases}, time.monotonic() + 1
+    )
+
+
+def test_an_outcome_that_fails_its_rounds_is_written_alone_and_given_up_only_alone() -> None:
+    recorder, book = _recorder()
+    poison = _finished(book, recorder, 1, time.monotonic())
+    innocent = _finished(book, recorder, 2, time.monotonic())
+    for _ in range(ISOLATE_AFTER):
+        plan = recorder.plan(claim_limit=5)
+        assert [r for r, _ in plan.successes] == [poison, innocent] and not plan.alone
+        _fail_round(recorder, plan)
+    # Without a renewal since, the database may be down: neither is a suspect yet, and
+    # neither is tried in a batch again (a suspect never fails a batch of others).
+    plan = recorder.plan(claim_limit=5)
+    assert (plan.writes, plan.claim_limit) == (0, 5)
+    _renew(book, (1, 1), (2, 1))
+    for _ in range(GIVE_UP_ALONE):
+        plan = recorder.plan(claim_limit=5)
+        assert plan.alone and plan.claim_limit == 0
+        assert [r for r, _ in plan.successes] == [poison]
+        _fail_round(recorder, plan)
+        _renew(book, (1, 1))
+    plan = recorder.plan(claim_limit=5)  # the poison is given up, the innocent written alone
+    assert recorder.given_up == 1 and (1, 1) not in book.running
+    assert "alone" in recorder.problem()
+    assert [r for r, _ in plan.successes] == [innocent] and plan.alone
+    recorder.finish(plan, RoundResult(wrote_successes=True, statuses={(2, 1): "succeeded"}))
+    assert not book.running and not recorder.writes and recorder.given_up == 1
+
+
+def test_a_skipped_or_lost_write_is_no_failure_of_its_own() -> None:
+    recorder, book = _recorder()
+    running = _finished(book, recorder, 1, time.monotonic())
+    for _ in range(ISOLATE_AFTER):
+        _fail_round(recorder, recorder.plan(claim_limit=0))
+    _renew(book, (1, 1))
+    for _ in range(GIVE_UP_ALONE + 2):  # its row locked elsewhere at every try: not refused
+        plan = recorder.plan(claim_limit=0)
+        assert plan.alone
+        _fail_round(recorder, plan, skipped=frozenset({(1, 1)}))
+    assert recorder.given_up == 0 and running.failed_alone == 0
+    # The database says the lease is gone: the outcome is not written again (the fence
+    # would refuse it), its loss is reported, nothing is given up.
+    running.lease_gone = True
+    assert recorder.plan(claim_limit=0).writes == 0
+    assert not book.running and recorder.given_up == 0
+
+
+def test_rows_written_one_by_one_before_a_connection_error_are_not_written_again() -> None:
+    recorder, book = _recorder()
+    _finished(book, recorder, 1, time.monotonic())
+    _finished(book, recorder, 2, time.monotonic())
+    plan = recorder.plan(claim_limit=0)
+    # The batch was refused, row 1 was then written alone, and the connection broke.
+    result = RoundResult(statuses={(1, 1): "succeeded"}, error=OperationalError("gone"))
+    recorder.finish(plan, result)
+    assert [r.job.lease for r, _ in recorder.writes] == [(2, 1)]
+    assert (1, 1) not in book.running
+
+
+def test_a_message_about_an_old_entry_does_not_touch_a_new_one() -> None:
+    table = LeaseTable()
+    table.add((1, 1), now=100.0)
+    old = table.generation((1, 1))
+    table.remove((1, 1))  # given back unstarted (the attempt is given back too) ...
+    table.add((1, 1), now=200.0)  # ... and claimed again at the same attempt
+    assert table.generation((1, 1)) != old
+    table.renewed({(1, 1): old}, at=300.0)  # a renewal of the old entry
+    assert table.renewed_at((1, 1)) == 200.0

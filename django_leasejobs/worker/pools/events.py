@@ -88,10 +88,6 @@ class Pool(Protocol):
     def kind(self) -> Literal["process", "thread"]:
         """What runs a job: a child process, or a thread of the worker."""
 
-    @property
-    def can_kill(self) -> bool:
-        """Whether a stopped job really stops (signals), or is only flagged."""
-
     def start(self) -> None:
         """Start the slots (the process pool forks before any other thread exists)."""
 
@@ -128,6 +124,3 @@ class Pool(Protocol):
 
     def escalate(self) -> float | None:
         """SIGKILL what a SIGTERM's grace left running; seconds until the next one."""
-
-    def child_pids(self) -> list[int]:
-        """Process ids of the slots' children (none in the thread pool)."""

@@ -52,7 +52,6 @@ SLOT_EXIT_WAIT = 5.0
 
 class ProcessPool:
     kind: Literal["process"] = "process"
-    can_kill = True
 
     def __init__(self, size: int, *, lock_lost_behavior: str, lock_lost_grace: float) -> None:
         self.size = size
@@ -234,7 +233,10 @@ class ProcessPool:
             events.extend(slot.events)
             slot.events.clear()
             if slot.conn_fd in ready:
-                self._read_messages(slot, events)
+                # All of it: a read takes 64 KiB at most, and a message left behind could
+                # be the MSG_EXPIRED of a job ``STARTED`` has passed.
+                while self._read_messages(slot, events) and _readable(slot.conn_fd):
+                    pass
             if slot.sentinel in ready and not slot.process.is_alive():
                 self._slot_died(slot, events)
             elif slot.queue:
@@ -401,9 +403,6 @@ class ProcessPool:
         except (ProcessLookupError, PermissionError):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(slot.pid, signum)
-
-    def child_pids(self) -> list[int]:
-        return [s.pid for s in self._slots]
 
 
 def _readable(fd: int) -> bool:

@@ -41,7 +41,6 @@ class ThreadPool:
     """Runs jobs in threads. A thread cannot be killed: a lost lease only flags it."""
 
     kind: Literal["thread"] = "thread"
-    can_kill = False
 
     def __init__(self, size: int, *, wake: Callable[[], None]) -> None:
         self.size = size
@@ -203,6 +202,3 @@ class ThreadPool:
 
     def escalate(self) -> float | None:
         return None
-
-    def child_pids(self) -> list[int]:
-        return []
