@@ -216,7 +216,7 @@ def test_an_outcome_that_fails_its_whole_round_is_isolated_then_given_up(
         )
         problem = row.get().problem
         assert f"job {refused} attempt 1" in problem, problem
-        assert "while it renewed the lease, alone too" in problem, problem
+        assert "while it renewed the lease, 2 of them alone" in problem, problem
         wait_until(
             lambda: Job.objects.filter(pk__in=healthy, status=JobStatus.SUCCEEDED).count() == 6,
             timeout=30,
