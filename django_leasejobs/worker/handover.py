@@ -53,15 +53,16 @@ class Handover:
 
     # -- claimed jobs in, to slots ------------------------------------------------------
 
-    def take_claimed(self, claimed: list[ClaimedJob], *, claimed_at: float) -> None:
-        """Jobs a round claimed; their leases count from ``claimed_at`` (monotonic: when
-        the round was sent, no later than the database's clock started them)."""
+    def take_claimed(self, claimed: list[ClaimedJob]) -> None:
+        """Jobs a round claimed, as the loop takes them (their local lease clock starts
+        now, as a renewal's does when it returns)."""
+        now = time.monotonic()
         for job in claimed:
             try:
                 task: AnyTask | None = registry.resolve(job.task_path)
             except Exception:  # UnknownTask, or a module that fails to import
                 task = None  # the slot reports the clear error; nothing is called
-            running = RunningJob(job=job, task=task, started=claimed_at)
+            running = RunningJob(job=job, task=task, started=now)
             self.book.add(running)
             self.book.ready.append(running)
         self.dispatch()
@@ -225,9 +226,15 @@ class Handover:
 
     def _stopped(self, running: RunningJob, description: str) -> None:
         reason = running.stop_reason
-        if reason == "lease_lost":
-            # The lease belongs to someone else: nothing to write.
-            self.book.forget(running, ran=running.dispatched)
+        if reason == "lease_lost" and (running.dispatched or running.announced):
+            # The lease may be someone else's: nothing to write; the job is stopped.
+            self.book.forget(running, ran=True)
+        elif reason == "lease_lost":
+            # Never started, and only presumed lost (no renewal in time, the worker was
+            # starved or cut off): give it back, fenced. If the lease is still this
+            # worker's the job is pending again at once, its attempt unused; if not, the
+            # give-back matches no row.
+            self.recorder.record(running, Ending("unclaim", description))
         elif not running.dispatched and not running.announced:
             # Never started: given back, its attempt unused. (One announced but given
             # back unstarted, as its idle slot died or a stop took it back, keeps its

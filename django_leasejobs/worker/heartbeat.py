@@ -148,12 +148,15 @@ class Heartbeat(WorkerThread):
         if not asked:
             return 0
         being_written = table.being_recorded()
-        # The database counts the lease from the statement's start: so does the worker's
-        # local deadline (the watchdog), from the moment the renewal was sent.
         started = time.monotonic()
         result = self._renew({lease: renewal.progress for lease, renewal in asked.items()})
-        took = time.monotonic() - started
-        table.renewed({lease: asked[lease].generation for lease in result.held}, started)
+        now = time.monotonic()
+        took = now - started
+        # The local deadline counts from the renewal's return: the database's lease runs
+        # from the statement's start, and the deadline's margin (HEARTBEAT_INTERVAL) covers
+        # a renewal that took up to that long. Counting from the start would stop jobs on
+        # a merely slow renewal (bench/overload.py on a loaded machine did).
+        table.renewed({lease: asked[lease].generation for lease in result.held}, now)
         if took > SLOW_ROUND_SHARE * self.ctx.options.lease_duration:
             inbox.post(RenewalWasSlow(took))
         for lease in result.lost:

@@ -366,14 +366,13 @@ class Worker:
         """Act on what the database said: the writes (``Recorder.finish``), the pace, and
         the claimed jobs, handed to slots."""
         plan, result, took = self.rounds.take()
-        sent_at = time.monotonic() - took
         self.recorder.finish(plan, result)
         self._pace(took, "database round")
         if result.claimed is not None:
             claimed = result.claimed
             self.reporter.claimed(len(claimed), plan.claim_limit)
             self.rounds.claimed(len(claimed), plan.claim_limit, listening=self.listening)
-            self.handover.take_claimed(claimed, claimed_at=sent_at)
+            self.handover.take_claimed(claimed)
 
     def _pace(self, took: float, what: str) -> None:
         """Claim less while rounds or renewals are slow (``dispatch.SLOW_ROUND_SHARE``)."""
