@@ -196,8 +196,9 @@ def test_an_outcome_the_database_refuses_is_given_up_and_reaped(
 @pytest.mark.skipif(
     connection.vendor == "sqlite", reason="SQLite triggers raise constraint errors only"
 )
+@pytest.mark.parametrize("pool", POOLS)
 def test_an_outcome_that_fails_its_whole_round_is_isolated_then_given_up(
-    workers, marker_dir: str
+    workers, marker_dir: str, pool: str
 ) -> None:
     # The database fails every round that carries this job's outcome as if the moment
     # were wrong (query_canceled / ER_QUERY_INTERRUPTED), not the row, while it keeps
@@ -207,7 +208,7 @@ def test_an_outcome_that_fails_its_whole_round_is_isolated_then_given_up(
     refused = int(record_job.using(max_stalls=1).enqueue(marker_dir, "r").id)
     with refusing_to_finish(refused, as_connection_error=True):
         healthy = _healthy(marker_dir)
-        worker = workers.start(args=["--concurrency", "2"])
+        worker = workers.start(args=["--pool", pool, "--concurrency", "2"])
         row = WorkerRow.objects.filter(state="running")
         wait_until(
             lambda: "gave up recording" in (row.values_list("problem", flat=True).first() or ""),
