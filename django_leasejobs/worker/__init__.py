@@ -1,5 +1,6 @@
 """The worker runtime: main loop, heartbeat, pools of slots, child processes."""
 
 from .loop import Worker, WorkerConfig
+from .supervisor import Supervisor
 
-__all__ = ["Worker", "WorkerConfig"]
+__all__ = ["Supervisor", "Worker", "WorkerConfig"]

@@ -9,6 +9,12 @@ from typing import Literal
 
 from django.utils.crypto import get_random_string
 
+SAME_STOP_WINDOW = 1.0
+"""A worker under a supervisor takes a second stop signal this soon (seconds) after the
+first for the same request heard twice (a process manager that signals the whole group
+while the supervisor passes the signal on), not for "again, now". The supervisor holds
+back a second stop signal of its own until this much time has passed."""
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
@@ -26,6 +32,9 @@ class WorkerConfig:
     None = 64 per slot, at most 512; 0 turns prefetching off."""
     scheduler: bool | None = None
     """Run the scheduler thread; None = unless ``burst`` (only when there are schedules)."""
+    supervised: bool = False
+    """Forked by ``runworker --processes`` (``supervisor.py``): a stop signal repeated
+    within ``SAME_STOP_WINDOW`` is the same request heard twice, not "again, now"."""
 
     @property
     def runs_schedules(self) -> bool:

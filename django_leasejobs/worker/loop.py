@@ -35,7 +35,7 @@ from .. import registry
 from ..backend import LeaseJobsBackend
 from ..compat import task_backends
 from ..leases import storable_text
-from .config import WorkerConfig, default_worker_id
+from .config import SAME_STOP_WINDOW, WorkerConfig, default_worker_id
 from .dispatch import Dispatcher
 from .driver import RoundDriver
 from .handover import Handover
@@ -141,6 +141,7 @@ class Worker:
         )
         self.stopping = False
         self.force = False
+        self.stop_began = -SAME_STOP_WINDOW
         self.shutdown_deadline: float | None = None
         self.listening = False
         """The listener's ``LISTEN`` is active: NOTIFY wakes this worker, so when idle it
@@ -300,6 +301,10 @@ class Worker:
             # sends it when the shell exits): the hang-up asks for a graceful stop, never
             # a forced one.
             return
+        if self.config.supervised and time.monotonic() - self.stop_began < SAME_STOP_WINDOW:
+            # A process manager signalled the whole group while the supervisor passed the
+            # signal on: one request heard twice.
+            return
         if not self.stopping:
             self._begin_stop()
             logger.info(
@@ -318,7 +323,8 @@ class Worker:
 
     def _begin_stop(self) -> None:
         self.stopping = True
-        self.shutdown_deadline = time.monotonic() + self.config.shutdown_timeout
+        self.stop_began = time.monotonic()
+        self.shutdown_deadline = self.stop_began + self.config.shutdown_timeout
 
     def _done_by_limits(self, idle: bool) -> bool:
         max_jobs = self.config.max_jobs

@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import autoreload
 
 from ...logs import install_default_handler
-from ...worker import Worker, WorkerConfig
+from ...worker import Supervisor, Worker, WorkerConfig
 from ..argtypes import non_negative_int, non_negative_seconds, positive_int
 from ..backends import get_leasejobs_backend
 
@@ -89,6 +89,14 @@ class Command(BaseCommand):
             type=positive_int,
             default=os.cpu_count() or 1,
             help="Jobs run at once (default: the CPU count).",
+        )
+        parser.add_argument(
+            "--processes",
+            type=positive_int,
+            default=1,
+            help="Run this many workers, forked from this process once Django has started "
+            "(each a whole worker with its own id and slots; they share the start-up cost). "
+            "A worker that ends is started again, unless --burst. Default: 1.",
         )
         parser.add_argument(
             "--pool",
@@ -182,6 +190,20 @@ class Command(BaseCommand):
             prefetch=options["prefetch"],
             scheduler=False if options["no_scheduler"] else None,
         )
+        processes = options["processes"]
+        if processes > 1:
+            for option in ("reload", "metrics_port"):
+                if options[option]:
+                    flag = "--" + option.replace("_", "-")
+                    raise CommandError(
+                        f"{flag} works with one worker per runworker: leave out --processes "
+                        f"or {flag} (for metrics of several workers, start one runworker "
+                        "per --metrics-port)"
+                    )
+            code = Supervisor(config, processes).run()
+            if code:
+                raise CommandError(f"a worker exited with status {code}", returncode=code)
+            return
         if options["reload"]:
 
             def run_reloaded() -> None:
