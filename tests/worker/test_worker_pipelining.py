@@ -34,10 +34,11 @@ from django_leasejobs.worker.pools import (
     Started,
     ThreadPool,
 )
-from tests import tasks_worker_flow
+from django_leasejobs.worker.pools.frames import Frames
+from tests import tasks_worker, tasks_worker_flow
 from tests.tasks_worker_flow import read_lines
 from tests.waiting import wait_until
-from tests.worker_harness import Workers
+from tests.worker_harness import Workers, pid_alive
 
 Lease = tuple[int, int]
 
@@ -264,6 +265,29 @@ def test_a_large_outcome_wakes_the_worker_and_arrives(process_pool: ProcessPool)
             seen.events += process_pool.collect()
         assert seen.outcome((job_id, 1)).result == "x" * size  # type: ignore[union-attr]
     selector.close()
+
+
+def test_a_dead_childs_outcomes_beyond_one_read_all_count(
+    process_pool: ProcessPool, marker_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child sends outcomes and dies before the worker reads any. A read of its pipe
+    (64 KiB at most) that ends on a message's boundary returns what it read so far:
+    forced here for every message, with one-byte reads. One look at the pool still
+    reads them all, and each finished job counts as finished (read in part, the rest
+    would be reported as died with the slot, and run again)."""
+    monkeypatch.setattr(Frames, "CHUNK", 1)
+    specs = [_spec(i, tasks_worker_flow.blob, 1_000) for i in range(1, 7)]
+    specs.append(_spec(7, tasks_worker.crash_own_process, marker_dir, "crash"))
+    process_pool.submit(0, specs)
+    wait_until(lambda: read_lines(marker_dir, "crash.runs"), what="the last job to run")
+    pid = int(read_lines(marker_dir, "crash.runs")[0].split()[1])
+    wait_until(lambda: not pid_alive(pid), what="the child to die")
+
+    events = process_pool.collect()
+    outcomes = {e.lease: e for e in events if isinstance(e, Outcome)}
+    assert sorted(outcomes) == [(i, 1) for i in range(1, 7)]
+    assert all(o.ok and o.result == "x" * 1_000 for o in outcomes.values())
+    assert [e.lease for e in events if isinstance(e, SlotDied)] == [(7, 1)]
 
 
 @pytest.mark.parametrize("kind", ["process", "thread"])
