@@ -157,7 +157,7 @@ def child_main(
     def progress(lease: tuple[int, int], fraction: float | None, message: str | None) -> None:
         send((MSG_PROGRESS, lease, fraction, message), ring_after=True)
 
-    conn.send((MSG_READY, os.getpid()))
+    send((MSG_READY, os.getpid()), ring_after=True)  # the parent waits on the bell
     code = 0
     try:
         while True:

@@ -25,6 +25,7 @@ import pytest
 from django_leasejobs.compat import task_backends
 from django_leasejobs.leases import ClaimedJob
 from django_leasejobs.models import Job, JobStatus
+from django_leasejobs.worker import child as process_module
 from django_leasejobs.worker.execution import JobSpec, Outcome
 from django_leasejobs.worker.pools import (
     Event,
@@ -34,6 +35,7 @@ from django_leasejobs.worker.pools import (
     Started,
     ThreadPool,
 )
+from django_leasejobs.worker.pools import process as pool_module
 from django_leasejobs.worker.pools.frames import Frames
 from tests import tasks_worker, tasks_worker_flow
 from tests.tasks_worker_flow import read_lines
@@ -288,6 +290,43 @@ def test_a_dead_childs_outcomes_beyond_one_read_all_count(
     assert sorted(outcomes) == [(i, 1) for i in range(1, 7)]
     assert all(o.ok and o.result == "x" * 1_000 for o in outcomes.values())
     assert [e.lease for e in events if isinstance(e, SlotDied)] == [(7, 1)]
+
+
+def test_a_slow_replacement_slot_does_not_stall_the_worker(
+    marker_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slot that died is replaced from the main loop: the loop must not wait for the new
+    child (which can take long on a loaded machine) while lease losses and outcomes
+    wait. The new slot takes no job before it says it is ready, then it does."""
+    gate = Path(marker_dir) / "replacement.gate"
+    first_child = [True]
+
+    def slow_to_start(*args: Any) -> None:  # runs in the forked child
+        if not first_child[0]:
+            wait_until(gate.exists, timeout=60, what="the gate")
+        process_module.child_main(*args)
+
+    monkeypatch.setattr(pool_module, "child_main", slow_to_start)
+    pool = ProcessPool(1, lock_lost_behavior="sigkill", lock_lost_grace=5.0)
+    pool.start()  # the first child starts at once: ready before start() returns
+    first_child[0] = False
+    try:
+        assert len(pool.rooms(1)) == 1
+        pool.submit(0, [_spec(1, tasks_worker.crash_own_process, marker_dir, "crash")])
+        wait_until(lambda: read_lines(marker_dir, "crash.runs"), what="the job to run")
+        pid = int(read_lines(marker_dir, "crash.runs")[0].split()[1])
+        wait_until(lambda: not pid_alive(pid), what="the child to die")
+        # One look: the death is reported and a replacement forked, not waited for.
+        events = pool.collect()
+        assert [e.lease for e in events if isinstance(e, SlotDied)] == [(1, 1)]
+        assert pool.rooms(1) == [] and pool.free_slots() == 0, "no job before it is ready"
+        gate.touch()
+        wait_until(lambda: pool.collect() == [] and pool.rooms(1), what="the new slot ready")
+        pool.submit(0, [_spec(2, tasks_worker_flow.blob, 3)])
+        seen = Collector(pool)
+        seen.until(lambda _: seen.outcome((2, 1)) is not None, "the new slot's outcome")
+    finally:
+        pool.shutdown()
 
 
 @pytest.mark.parametrize("kind", ["process", "thread"])

@@ -24,6 +24,7 @@ from ..child import (
     MSG_EXPIRED,
     MSG_OUTCOME,
     MSG_PROGRESS,
+    MSG_READY,
     SEEN,
     SLOT_VALUES,
     START_NS,
@@ -46,6 +47,8 @@ from .events import (
 from .frames import drain
 from .slot import ProcessSlot, held, take
 
+SLOT_READY_WAIT = 30.0
+"""How long a starting worker waits for each new slot to say it is ready."""
 SLOT_EXIT_WAIT = 5.0
 """At shutdown, how long idle slots get (all together) to leave on their own."""
 
@@ -72,6 +75,14 @@ class ProcessPool:
         self._slots = []
         for index in range(self.size):  # one by one: each child closes its elders' lifelines
             self._slots.append(self._spawn(index))
+        for slot in self._slots:
+            # A worker starts with its slots ready (a slow one becomes ready when its
+            # message is read, as a replacement does).
+            try:
+                if slot.conn.poll(SLOT_READY_WAIT):
+                    self._read_messages(slot, slot.events)
+            except (EOFError, OSError):
+                pass
 
     def _spawn(self, index: int) -> ProcessSlot:
         # The child gets no database connection from us: close ours (this thread's)
@@ -119,11 +130,8 @@ class ProcessPool:
         slot.sentinel = process.sentinel
         self._poller.register(slot.conn_fd, select.POLLIN)
         self._poller.register(slot.sentinel, select.POLLIN)
-        try:
-            if parent_conn.poll(30):
-                parent_conn.recv()  # MSG_READY
-        except (EOFError, OSError):
-            pass
+        # Not waited for here: a replacement is spawned from the main loop, which must not
+        # stall while the child starts. It takes jobs once its MSG_READY is read.
         return slot
 
     def _replace(self, slot: ProcessSlot) -> None:
@@ -267,7 +275,8 @@ class ProcessPool:
                 with self._lock:
                     if take(slot.queue, message[1]):
                         events.append(Retracted((message[1],)))
-            # MSG_READY needs nothing.
+            elif message[0] == MSG_READY:
+                slot.ready = True
         return True
 
     def _report_started(self, slot: ProcessSlot, events: list[Event], started: int) -> None:

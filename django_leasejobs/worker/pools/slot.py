@@ -35,6 +35,8 @@ class ProcessSlot:
     it (``SEEN``), the slot gets no new job: a new job raises ``LIMIT``, which would let
     the child start the jobs taken back (run by another slot meanwhile). After a long job
     that also keeps jobs from queueing behind it again."""
+    ready: bool = False
+    """Its child said it is ready (``MSG_READY``): no job is handed to it before."""
     term_sent_at: float | None = None
     killed: bool = False
     events: list[Event] = field(default_factory=list)
@@ -54,8 +56,9 @@ class ProcessSlot:
 
     @property
     def open(self) -> bool:
-        """Takes jobs: not being stopped (after a SIGTERM the group's SIGKILL is owed)."""
-        return self.term_sent_at is None and not self.killed
+        """Takes jobs: ready, and not being stopped (after a SIGTERM the group's SIGKILL
+        is owed)."""
+        return self.ready and self.term_sent_at is None and not self.killed
 
 
 LOCK_WAIT = 2.0
