@@ -78,6 +78,8 @@ class StopAsked:
     """A signal asked the worker to stop (the first: gracefully; again: now)."""
 
     signal_name: str
+    at: float
+    """When the signal arrived (``time.monotonic()`` in its handler)."""
 
 
 Message = (

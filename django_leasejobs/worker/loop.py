@@ -141,7 +141,8 @@ class Worker:
         )
         self.stopping = False
         self.force = False
-        self.stop_began = -SAME_STOP_WINDOW
+        self.stop_heard_at = -SAME_STOP_WINDOW
+        """When the signal that began the stop arrived."""
         self.shutdown_deadline: float | None = None
         self.listening = False
         """The listener's ``LISTEN`` is active: NOTIFY wakes this worker, so when idle it
@@ -219,7 +220,7 @@ class Worker:
             thread.start()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.inbox.post(StopAsked(signal.Signals(signum).name))
+        self.inbox.post(StopAsked(signal.Signals(signum).name, time.monotonic()))
 
     # ------------------------------------------------------------------ main loop
 
@@ -293,19 +294,21 @@ class Worker:
         elif isinstance(message, RenewalWasSlow):
             self._pace(message.seconds, "renewal")
         elif isinstance(message, StopAsked):
-            self._stop_asked(message.signal_name)
+            self._stop_asked(message)
 
-    def _stop_asked(self, name: str) -> None:
+    def _stop_asked(self, message: StopAsked) -> None:
+        name = message.signal_name
         if name == "SIGHUP" and self.stopping:
             # A closing terminal sends SIGHUP twice (the shell forwards it, then the kernel
             # sends it when the shell exits): the hang-up asks for a graceful stop, never
             # a forced one.
             return
-        if self.config.supervised and time.monotonic() - self.stop_began < SAME_STOP_WINDOW:
+        if self.config.supervised and message.at - self.stop_heard_at < SAME_STOP_WINDOW:
             # A process manager signalled the whole group while the supervisor passed the
             # signal on: one request heard twice.
             return
         if not self.stopping:
+            self.stop_heard_at = message.at
             self._begin_stop()
             logger.info(
                 "%s: stop claiming, finish running jobs (up to %.0fs); again to force",
@@ -323,8 +326,7 @@ class Worker:
 
     def _begin_stop(self) -> None:
         self.stopping = True
-        self.stop_began = time.monotonic()
-        self.shutdown_deadline = self.stop_began + self.config.shutdown_timeout
+        self.shutdown_deadline = time.monotonic() + self.config.shutdown_timeout
 
     def _done_by_limits(self, idle: bool) -> bool:
         max_jobs = self.config.max_jobs

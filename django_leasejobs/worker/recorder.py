@@ -29,10 +29,11 @@ statement well inside the databases' bound-parameter limits."""
 
 ISOLATE_AFTER = 3
 """An outcome whose round failed this many times as a whole (a connection-level error)
-while the database went on renewing its lease is written alone in a round of its own:
-the database answers, but maybe not to that write (a value that breaks the connection,
-such as a packet over MySQL's ``max_allowed_packet``). From then on it is written only
-alone, each time after a renewal; failing alone ``GIVE_UP_ALONE`` times, it is given up.
+is a suspect: once the database renewed its lease after that (it answers, but maybe not
+to that write: a value that breaks the connection, such as a packet over MySQL's
+``max_allowed_packet``), it is written only with other suspects, in rounds of their own
+(``Recorder.plan``: groups that halve while they fail), each time after a renewal;
+failing alone ``GIVE_UP_ALONE`` times, it is given up.
 An outcome whose lease the database no longer holds for this worker is not written again
 (the fence would refuse it): its loss is reported."""
 
@@ -54,6 +55,10 @@ class Recorder:
         self.given_up = 0
         """Attempts whose outcome could not be recorded at all (left to the reaper)."""
         self._last_give_up: tuple[float, str] | None = None
+        self._probe = 0
+        """Suspects the next group may hold (0: all that are ready)."""
+        self._probing = 0
+        """Suspects the round in flight writes (0: a round of other writes)."""
 
     def record(self, running: RunningJob, what: Write) -> None:
         """Queue how an attempt ended; the next database round writes it (fenced)."""
@@ -64,11 +69,12 @@ class Recorder:
     # -- planning a round ---------------------------------------------------------------
 
     def plan(self, claim_limit: int) -> RoundPlan:
-        """The next round: up to ``MAX_ROUND_WRITES`` queued outcomes and the claim; or
-        one suspect outcome alone (``ISOLATE_AFTER``), without a claim."""
+        """The next round: up to ``MAX_ROUND_WRITES`` queued outcomes and the claim; or,
+        while suspects wait (``ISOLATE_AFTER``), a group of them without a claim."""
         # Earlier attempts' rows are only for receivers of the site's: Django's own log
         # receiver reads none of them.
         plan = RoundPlan(claim_limit=claim_limit, history=has_other_receivers(task_finished))
+        ready: list[tuple[RunningJob, Write]] = []
         for item in [item for item in self.writes if item[0].write_failures]:
             running = item[0]
             if running.lease_gone:  # a renewal matched no row: the fence refuses it now
@@ -83,13 +89,24 @@ class Recorder:
                     f"{running.write_error}",
                 )
             elif self._suspect(running):
-                self.writes.remove(item)
-                plan.claim_limit = 0  # this round tells whether the database takes it
-                plan.alone = True
-                self._sort_into(plan, [item])
-                return plan
+                ready.append(item)
+        if ready:
+            # Suspects are written in groups of ``probe``: all of them at first (after
+            # an outage they are all innocent), half as many after a failed group, twice
+            # as many after a written one. One outcome the database refuses among many
+            # is found in a few rounds, and alone it is counted against itself.
+            group = ready[: min(len(ready), self._probe or len(ready), MAX_ROUND_WRITES)]
+            taken = {id(item) for item in group}
+            self.writes = [item for item in self.writes if id(item) not in taken]
+            plan.claim_limit = 0  # this round tells whether the database takes them
+            plan.alone = len(group) == 1
+            self._probing = len(group)
+            self._sort_into(plan, group)
+            return plan
         # Suspects wait for a renewal: they never fail a batch of others again.
         batch = [item for item in self.writes if item[0].write_failures < ISOLATE_AFTER]
+        if len(batch) == len(self.writes):
+            self._probe = 0  # no suspect left: the next ones start with a whole group
         batch = batch[:MAX_ROUND_WRITES]
         taken = {id(item) for item in batch}
         self.writes = [item for item in self.writes if id(item) not in taken]
@@ -183,6 +200,10 @@ class Recorder:
             for running, _ in plan.unclaims:
                 self.book.forget(running, ran=False)
         self.writes[:0] = requeue
+        if self._probing:
+            failed = result.error is not None
+            self._probe = max(1, self._probing // 2) if failed else self._probing * 2
+            self._probing = 0
         if result.error is not None:
             failed_at = time.monotonic()
             error = storable_text(result.error, 500)

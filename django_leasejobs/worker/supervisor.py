@@ -8,7 +8,8 @@ registry row, connections, heartbeat and slots. The supervisor itself holds no
 connection and runs no job; it only starts, watches and stops its workers:
 
 * a stop signal (SIGTERM, SIGINT, SIGHUP) is passed on to every worker; a second one
-  too (the workers then stop their running jobs at once). The workers run in process
+  too, at least ``SECOND_STOP_AFTER`` later (the workers then stop their running jobs
+  at once). The workers run in process
   groups of their own, so a terminal's Ctrl-C reaches the supervisor alone and each
   worker hears it once;
 * a worker that ends while the supervisor is not stopping is started again (without
@@ -41,6 +42,10 @@ from .loop import Worker
 
 logger = logging.getLogger("django_leasejobs")
 
+SECOND_STOP_AFTER = 1.5 * SAME_STOP_WINDOW
+"""A second stop signal is passed on no sooner than this after the first (seconds): a
+margin over the window in which the workers take it for the first one heard twice."""
+
 RESTART_AFTER_RUNNING = 30.0
 """A worker that ran this long before it failed is restarted at once (seconds)."""
 
@@ -70,7 +75,7 @@ class Supervisor:
         """Stop signals the supervisor received (its handler counts them)."""
         self.stops_passed = 0
         """Stop signals passed on to the workers: the first at once, a second one no
-        sooner than ``SAME_STOP_WINDOW`` after it."""
+        sooner than ``SECOND_STOP_AFTER`` after it."""
         self.first_stop_at = 0.0
         self.stop_signal = signal.SIGTERM
         self.exit_code = 0
@@ -133,7 +138,7 @@ class Supervisor:
         now = time.monotonic()
         waits = [max(0.0, when - now) for when in self.due.values()]
         if self._second_stop_held:
-            waits.append(max(0.0, self.first_stop_at + SAME_STOP_WINDOW - now))
+            waits.append(max(0.0, self.first_stop_at + SECOND_STOP_AFTER - now))
         with contextlib.suppress(InterruptedError):
             select.select([self._wake_r], [], [], min(waits) if waits else None)
         with contextlib.suppress(BlockingIOError, OSError):
@@ -156,7 +161,7 @@ class Supervisor:
                 extra={"pid": os.getpid(), "signal": self.stop_signal.name},
             )
             self._signal_all(self.stop_signal)
-        if self._second_stop_held and time.monotonic() >= self.first_stop_at + SAME_STOP_WINDOW:
+        if self._second_stop_held and time.monotonic() >= self.first_stop_at + SECOND_STOP_AFTER:
             self.stops_passed = 2
             self._signal_all(self.stop_signal)
 

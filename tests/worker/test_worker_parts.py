@@ -100,7 +100,9 @@ def test_a_signal_handler_may_post_while_the_loop_takes() -> None:
     """Signal handlers run in the main thread between two steps of the loop, possibly in
     the middle of ``take()``: posting must never wait on anything the loop holds."""
     inbox = Inbox()
-    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: inbox.post(StopAsked("SIGUSR1")))
+    previous = signal.signal(
+        signal.SIGUSR1, lambda signum, frame: inbox.post(StopAsked("SIGUSR1", 0.0))
+    )
     try:
         posters = [
             threading.Thread(target=lambda: [inbox.post(JobsMayBeReady()) for _ in range(500)])
@@ -115,7 +117,7 @@ def test_a_signal_handler_may_post_while_the_loop_takes() -> None:
         for poster in posters:
             poster.join()
         taken += inbox.take()
-        assert taken.count(StopAsked("SIGUSR1")) == 50
+        assert taken.count(StopAsked("SIGUSR1", 0.0)) == 50
     finally:
         signal.signal(signal.SIGUSR1, previous)
         inbox.close()
@@ -185,6 +187,12 @@ def test_an_outcome_that_fails_its_rounds_is_written_alone_and_given_up_only_alo
     plan = recorder.plan(claim_limit=5)
     assert (plan.writes, plan.claim_limit) == (0, 5)
     _renew(book, (1, 1), (2, 1))
+    # Both together first (after an outage, suspects are innocent): refused again.
+    plan = recorder.plan(claim_limit=5)
+    assert [r for r, _ in plan.successes] == [poison, innocent]
+    assert plan.claim_limit == 0 and not plan.alone
+    _fail_round(recorder, plan)
+    _renew(book, (1, 1), (2, 1))
     for _ in range(GIVE_UP_ALONE):
         plan = recorder.plan(claim_limit=5)
         assert plan.alone and plan.claim_limit == 0
@@ -197,6 +205,46 @@ def test_an_outcome_that_fails_its_rounds_is_written_alone_and_given_up_only_alo
     assert [r for r, _ in plan.successes] == [innocent] and plan.alone
     recorder.finish(plan, RoundResult(wrote_successes=True, statuses={(2, 1): "succeeded"}))
     assert not book.running and not recorder.writes and recorder.given_up == 1
+
+
+def test_suspects_after_an_outage_are_written_together_and_a_poison_among_them_found() -> None:
+    """After an outage every queued outcome failed its rounds: they are all suspects.
+    They are written in one group once the database answers, not one per round; with
+    one the database refuses among them, groups halve until it is alone."""
+    recorder, book = _recorder()
+    outcomes = [_finished(book, recorder, job_id, time.monotonic()) for job_id in range(1, 17)]
+    leases = [r.job.lease for r in outcomes]
+    for _ in range(ISOLATE_AFTER):
+        _fail_round(recorder, recorder.plan(claim_limit=5))
+    _renew(book, *leases)
+    plan = recorder.plan(claim_limit=5)
+    assert [r for r, _ in plan.successes] == outcomes and not plan.alone
+    recorder.finish(
+        plan,
+        RoundResult(wrote_successes=True, statuses=dict.fromkeys(leases, "succeeded")),
+    )
+    assert not book.running and not recorder.writes
+
+    # Again, with job 11 refused whenever it is in the round.
+    recorder, book = _recorder()
+    outcomes = [_finished(book, recorder, job_id, time.monotonic()) for job_id in range(1, 17)]
+    for _ in range(ISOLATE_AFTER):
+        _fail_round(recorder, recorder.plan(claim_limit=5))
+    rounds = 0
+    while recorder.writes and rounds < 40:
+        rounds += 1
+        _renew(book, *(r.job.lease for r, _ in recorder.writes))
+        plan = recorder.plan(claim_limit=5)
+        group = [r.job.id for r, _ in plan.successes]
+        if 11 in group:
+            _fail_round(recorder, plan)
+        else:
+            statuses = dict.fromkeys(((job_id, 1) for job_id in group), "succeeded")
+            recorder.finish(plan, RoundResult(wrote_successes=True, statuses=statuses))
+    assert recorder.given_up == 1 and list(book.running) == []
+    assert "job 11 attempt 1" in recorder.problem()
+    # (One suspect per round, as before, took 17 rounds here: 15 written, 2 refused.)
+    assert rounds <= 12, f"{rounds} rounds: the groups did not halve"
 
 
 def test_a_skipped_or_lost_write_is_no_failure_of_its_own() -> None:
