@@ -80,6 +80,9 @@ class Options:
     """How often an idle worker whose listener is listening looks for work anyway (the
     safety poll): NOTIFY wakes it for new jobs, and it also wakes when the earliest
     pending ``run_after`` of its queues comes due. Never below ``poll_interval``."""
+    unknown_task_grace: float = 3600.0
+    """How long a job of a task no worker knows waits for one that does (a deploy that
+    reached the web before the workers) before it is dead-lettered; 0: at once."""
     database: str = "default"
     listen_database: str | None = None
     """Alias the worker LISTENs on (None: ``database``, unless that is pooled)."""
@@ -105,6 +108,7 @@ _NUMBERS: dict[str, tuple[str, type, float, bool]] = {
     "LOCK_LOST_GRACE": ("lock_lost_grace", float, 0, False),
     "POLL_INTERVAL": ("poll_interval", float, 0, True),
     "IDLE_POLL_INTERVAL": ("idle_poll_interval", float, 0, True),
+    "UNKNOWN_TASK_GRACE": ("unknown_task_grace", float, 0, False),
 }
 KNOWN_OPTIONS = frozenset(
     {

@@ -132,6 +132,13 @@ class Job(models.Model):
         "worker's span; null = none.",
     )
 
+    unknown_task_since = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When a worker first claimed this job without knowing its task (it gave "
+        "the job back to wait for a worker that does: UNKNOWN_TASK_GRACE); null = never.",
+    )
+
     progress = models.FloatField(null=True, blank=True)
     progress_message = models.CharField(max_length=255, blank=True, default="")
     checkpoint = models.JSONField(null=True, blank=True)

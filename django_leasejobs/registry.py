@@ -52,14 +52,21 @@ def _importable_module(module: str) -> bool:
     )
 
 
+def is_task_path(path: str) -> bool:
+    """``path`` has the shape of a task's path (``package.module.function``): code that
+    declares it may exist somewhere, deployed or not."""
+    module, _, name = path.rpartition(".")
+    return bool(module and name)
+
+
 def resolve(path: str) -> Task:
     """The registered Task for a row's ``task_path``, or :class:`UnknownTask`."""
     found = _tasks.get(path)
     if found is not None:
         return found
-    module, _, name = path.rpartition(".")
-    if not module or not name:
+    if not is_task_path(path):
         raise UnknownTask(f"{path!r} is not a task path (expected 'package.module.function').")
+    module = path.rpartition(".")[0]
     if _importable_module(module):
         try:
             import_module(module)

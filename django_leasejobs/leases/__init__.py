@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from ..exceptions import LeaseLost, RowLocked
 from .claim import claim, claim_round, unclaim
+from .defer import Deferred, defer_unknown
 from .dialect import portable_path, retry_deadlocks
 from .enqueue import (
     NOTIFY_CHANNEL,
@@ -40,7 +41,15 @@ from .enqueue import (
     insert_job,
     notify,
 )
-from .finish import complete, complete_many, fail, fail_many, mark_cancelled, release
+from .finish import (
+    complete,
+    complete_many,
+    dead_letter_many,
+    fail,
+    fail_many,
+    mark_cancelled,
+    release,
+)
 from .flow import seconds_to_next_due
 from .operator import backend_database, cancel, retry
 from .reap import find_stale, reap
@@ -80,6 +89,7 @@ __all__ = [
     "ClaimRound",
     "ClaimedJob",
     "Completion",
+    "Deferred",
     "ErrorInfo",
     "Failure",
     "LeaseLost",
@@ -100,7 +110,9 @@ __all__ = [
     "complete_many",
     "copy_jobs",
     "database_now",
+    "dead_letter_many",
     "decide",
+    "defer_unknown",
     "fail",
     "fail_many",
     "find_stale",

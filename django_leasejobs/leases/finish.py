@@ -94,6 +94,16 @@ def fail_many(
     return _end_attempts(worker_id, [(f, JobStatus.FAILED) for f in failures], using)
 
 
+def dead_letter_many(
+    worker_id: str, failures: Sequence[Failure], *, using: str = "default"
+) -> WriteResult:
+    """End attempts for good as ``dead`` (``cancelled`` when a cancel was requested),
+    with their attempt rows, as :func:`fail_many` does (``retry_delay`` is ignored)."""
+    return _end_attempts(
+        worker_id, [(replace(f, retry_delay=None), JobStatus.DEAD) for f in failures], using
+    )
+
+
 def fail(
     job_id: int,
     attempt: int,

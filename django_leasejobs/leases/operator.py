@@ -88,6 +88,7 @@ def _retry(d: Dialect, job_id: int, allowed: list[str]) -> int:
         cursor.execute(
             f"UPDATE {d.jobs} AS j SET status = 'pending', run_after = {d.now}, "  # noqa: S608 - identifiers quoted, values bound
             "finished_at = NULL, stall_count = 0, snoozes = 0, cancel_requested = FALSE, "
+            "unknown_task_since = NULL, "
             "max_attempts = CASE WHEN j.max_attempts <= j.attempt THEN j.attempt + 1 "
             "ELSE j.max_attempts END "
             f"WHERE j.id = %s AND j.status IN ({placeholders(len(allowed))})",

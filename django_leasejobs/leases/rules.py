@@ -164,6 +164,18 @@ def _decision_text(text: str) -> str:
     return storable_text(text, MAX_DECISION_LENGTH)
 
 
+UNKNOWN_TASK_FIRST_DELAY = 2.0
+UNKNOWN_TASK_MAX_DELAY = 60.0
+
+
+def unknown_task_delay(waited: float) -> float:
+    """Seconds until a job whose task its worker did not know may be claimed again, after
+    it waited ``waited`` seconds for a worker that knows it: 2 s at first, a quarter of
+    the wait later on, at most a minute (a worker that starts with the new code takes it
+    within a minute)."""
+    return min(UNKNOWN_TASK_MAX_DELAY, max(UNKNOWN_TASK_FIRST_DELAY, waited / 4))
+
+
 # --------------------------------------------------------------------------- SQL decisions
 
 

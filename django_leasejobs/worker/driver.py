@@ -106,6 +106,7 @@ class RoundDriver:
             backend=self.backend,
             queues=self.queues,
             lease_duration=self.options.lease_duration,
+            unknown_task_grace=self.options.unknown_task_grace,
             flow=self.options.flow,
             main_lane_first=now < self._flow_held_until,
         )

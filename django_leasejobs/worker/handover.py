@@ -15,6 +15,7 @@ import time
 
 from .. import registry
 from ..compat import AnyTask
+from ..exceptions import UnknownTask
 from ..leases import ClaimedJob, Progress
 from .dispatch import PREFETCH_MAX_WAIT, Dispatcher
 from .execution import JobSpec, Outcome
@@ -60,7 +61,15 @@ class Handover:
         for job in claimed:
             try:
                 task: AnyTask | None = registry.resolve(job.task_path)
-            except Exception:  # UnknownTask, or a module that fails to import
+            except UnknownTask as exc:
+                if registry.is_task_path(job.task_path):
+                    # Not deployed to this worker yet: give it back for one that knows it.
+                    running = RunningJob(job=job, task=None, started=now)
+                    self.book.add(running)
+                    self.recorder.record(running, Ending("unknown", str(exc)))
+                    continue
+                task = None  # a malformed row: the slot reports the clear error
+            except Exception:  # a module that fails to import
                 task = None  # the slot reports the clear error; nothing is called
             running = RunningJob(job=job, task=task, started=now)
             self.book.add(running)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from ..compat import has_other_receivers, task_finished
 from ..leases import ErrorInfo, Failure, storable_text
+from ..leases.defer import UNKNOWN_TASK_ERROR_CLASS
 from ..leases.rules import TIMEOUT_ERROR_CLASS
 from ..models import AttemptOutcome, JobStatus
 from ..retry import RETRIED, Backoff, Verdict
@@ -126,6 +127,8 @@ class Recorder:
                 plan.successes.append((running, what))
             elif isinstance(what, Ending) and what.kind == "unclaim":
                 plan.unclaims.append((running, what))
+            elif isinstance(what, Ending) and what.kind == "unknown":
+                plan.deferrals.append((running, what))
             elif isinstance(what, Ending) and what.kind in ("shutdown", "cancelled"):
                 plan.singles.append((running, what))
             else:  # a failed outcome, a killed process, a timeout
@@ -199,6 +202,8 @@ class Recorder:
             self.reporter.gave_back(len(result.unclaimed))
             for running, _ in plan.unclaims:
                 self.book.forget(running, ran=False)
+        if plan.deferrals:
+            requeue += self._after_deferrals(plan.deferrals, result)
         self.writes[:0] = requeue
         if self._probing:
             failed = result.error is not None
@@ -213,6 +218,32 @@ class Recorder:
                     running.write_failed_at = failed_at
                     running.write_error = error
                     running.failed_alone += plan.alone
+
+    def _after_deferrals(
+        self, deferrals: list[tuple[RunningJob, Ending]], result: RoundResult
+    ) -> list[tuple[RunningJob, Write]]:
+        """Report the jobs given back to wait for a worker that knows their task, and the
+        dead letters; return those to write again."""
+        deferred = result.deferred
+        if deferred is None:
+            return list(deferrals)
+        again: list[tuple[RunningJob, Write]] = []
+        for running, ending in deferrals:
+            lease = running.job.lease
+            if lease in deferred.delays:
+                self.reporter.deferred_unknown(
+                    running, ending.description, deferred.delays[lease], deferred.waited[lease]
+                )
+                self.book.forget(running, ran=False)
+            elif lease in deferred.dead.written:
+                error = ErrorInfo(UNKNOWN_TASK_ERROR_CLASS, ending.description)
+                self.reporter.failed(running, deferred.dead.written[lease], error, 0.0, None)
+                self.book.forget(running)
+            elif lease in deferred.dead.skipped:
+                again.append((running, ending))
+            else:
+                self._lost(running, "defer")
+        return again
 
     @staticmethod
     def _unwritten(running: RunningJob, step_done: bool, result: RoundResult) -> bool:

@@ -229,6 +229,21 @@ class Reporter:
             extra=self.log_extra(job, duration=round(duration, 6)),
         )
 
+    def deferred_unknown(self, running: RunningJob, why: str, delay: float, waited: float) -> None:
+        """A job of a task this worker does not know went back to wait for one that does."""
+        job = running.job
+        logger.warning(
+            "job %s: task %r is unknown to this worker (%s); gave it back, claimable again "
+            "in %.0fs: a worker running code that declares the task will take it "
+            "(waiting %.0fs so far; dead letter after UNKNOWN_TASK_GRACE)",
+            job.id,
+            job.task_path,
+            why,
+            delay,
+            waited,
+            extra=self.log_extra(job, retry_in=delay, duration=round(waited, 3)),
+        )
+
     def gave_back(self, count: int) -> None:
         if count:
             logger.info(

@@ -37,7 +37,7 @@ from .jobs import RunningJob
 Lease = tuple[int, int]
 Row = TypeVar("Row", Completion, Failure)
 
-EndingKind = Literal["killed", "timeout", "cancelled", "shutdown", "unclaim"]
+EndingKind = Literal["killed", "timeout", "cancelled", "shutdown", "unclaim", "unknown"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,9 @@ class Ending:
     """How an attempt ended that reported no outcome of its own, as the worker saw it:
     its process died (``killed``), the worker stopped it for its timeout, a cancel or a
     shutdown (``shutdown``: released back to pending), or it never started and goes back
-    unused (``unclaim``). ``description`` says what happened to its process."""
+    unused (``unclaim``; ``unknown``: the worker does not know its task, and gives it
+    back to wait for a worker that does). ``description`` says what happened to its
+    process (for ``unknown``: why its task could not be loaded)."""
 
     kind: EndingKind
     description: str
@@ -67,6 +69,8 @@ class RoundPlan:
     """Releases at shutdown and cancels: one transition each, rare."""
     unclaims: list[tuple[RunningJob, Ending]] = field(default_factory=list)
     """Prefetched jobs that never started, given back."""
+    deferrals: list[tuple[RunningJob, Ending]] = field(default_factory=list)
+    """Jobs of tasks the worker does not know, given back to wait (``leases.defer``)."""
     claim_limit: int = 0
     alone: bool = False
     """One suspect outcome in a round of its own (``recorder.ISOLATE_AFTER``)."""
@@ -79,7 +83,13 @@ class RoundPlan:
 
     @property
     def writes(self) -> int:
-        return len(self.successes) + len(self.failures) + len(self.singles) + len(self.unclaims)
+        return (
+            len(self.successes)
+            + len(self.failures)
+            + len(self.singles)
+            + len(self.unclaims)
+            + len(self.deferrals)
+        )
 
 
 @dataclass(eq=False)
@@ -107,6 +117,7 @@ class RoundResult:
     singles_done: list[bool] = field(default_factory=list)
     """Per single transition, in order: True = written, False = the lease was lost."""
     unclaimed: frozenset[Lease] | None = None
+    deferred: leases.Deferred | None = None
     claimed: list[ClaimedJob] | None = None
     flow_held: bool = False
     """Flow limits held due jobs back in this round's claim."""
@@ -123,6 +134,7 @@ class RoundContext:
     backend: str
     queues: Sequence[str] | None
     lease_duration: float
+    unknown_task_grace: float = 3600.0
     flow: FlowRules = field(default_factory=FlowRules)
     main_lane_first: bool = False
     """Claim jobs that obey no limit first (``leases.claim_round``)."""
@@ -267,6 +279,11 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
     if plan.unclaims:
         given_back = [r.job.lease for r, _ in plan.unclaims]
         result.unclaimed = leases.unclaim(worker, given_back, using=using)
+    if plan.deferrals:
+        unknown = {r.job.lease: e.description for r, e in plan.deferrals}
+        result.deferred = leases.defer_unknown(
+            worker, unknown, grace=ctx.unknown_task_grace, using=using
+        )
     if plan.claim_limit > 0:
         claimed = leases.claim_round(
             worker,

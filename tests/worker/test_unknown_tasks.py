@@ -1,0 +1,109 @@
+"""A rolling deploy: new code reaches the web before a worker.
+
+The web enqueues a job of a task the running worker does not know yet. That worker
+gives the job back (no attempt used, no stall counted) again and again, a little later
+each time, until a worker running the new code takes it; only after
+``UNKNOWN_TASK_GRACE`` is it dead-lettered. Real ``runworker`` processes: the "old" one
+cannot import the new module at all, the "new" one has it on its path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from django_leasejobs.models import Job, JobAttempt, JobStatus
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NEW_MODULE = "leasejobs_deployed_later"
+
+
+@pytest.fixture
+def new_code(tmp_path: Path) -> Iterator[tuple[Path, ModuleType]]:
+    """A module of tasks that only the producer (this process) and the "new" worker
+    can import: the code of a deploy that reached the web first."""
+    code = tmp_path / "new_code"
+    code.mkdir()
+    (code / f"{NEW_MODULE}.py").write_text(
+        textwrap.dedent(
+            """
+            from django_leasejobs import task
+
+            @task
+            def welcome(name: str) -> str:
+                return f"welcome, {name}"
+            """
+        )
+    )
+    sys.path.insert(0, str(code))
+    try:
+        yield code, importlib.import_module(NEW_MODULE)
+    finally:
+        sys.path.remove(str(code))
+
+
+def _new_worker_env(workers, code: Path) -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join([str(code), workers.env["PYTHONPATH"]])}
+
+
+def test_a_job_of_a_new_task_waits_for_a_worker_that_knows_it(workers, new_code) -> None:
+    code, module = new_code
+    old = workers.start(args=["--concurrency", "1", "--worker-id", "old-code"])
+    result = module.welcome.enqueue("ada")
+
+    # The old worker met it and gave it back: no attempt used, no stall counted.
+    wait_until(
+        lambda: Job.objects.filter(pk=result.id, unknown_task_since__isnull=False).exists(),
+        timeout=30,
+        what="the old worker to give the job back",
+    )
+    stored = Job.objects.get(pk=result.id)
+    assert stored.status in (JobStatus.PENDING, JobStatus.RUNNING), old.output
+    assert stored.stall_count == 0
+    assert not JobAttempt.objects.filter(job_id=result.id).exists()
+
+    # The deploy reaches the workers: a new one starts beside the old one.
+    workers.start(
+        args=["--concurrency", "1", "--worker-id", "new-code"],
+        options={"IMPORTS": [NEW_MODULE]},
+        env=_new_worker_env(workers, code),
+    )
+    wait_until(
+        lambda: Job.objects.filter(pk=result.id, status=JobStatus.SUCCEEDED).exists(),
+        timeout=60,
+        what="the new worker to run the job",
+    )
+    done = Job.objects.get(pk=result.id)
+    assert (done.attempt, done.last_worker, done.result) == (1, "new-code", "welcome, ada")
+    assert done.stall_count == 0
+    assert not JobAttempt.objects.filter(job_id=result.id).exists()
+    assert module.welcome.get_result(result.id).return_value == "welcome, ada"
+    # The old worker said what happened and what will happen.
+    assert f"task '{NEW_MODULE}.welcome' is unknown to this worker" in old.output
+    assert "a worker running code that declares the task will take it" in old.output
+
+
+def test_past_the_grace_the_job_is_dead_lettered_with_what_to_do(workers, new_code) -> None:
+    _code, module = new_code
+    workers.start(options={"UNKNOWN_TASK_GRACE": 1}, args=["--concurrency", "1"])
+    result = module.welcome.enqueue("bob")
+
+    wait_until(
+        lambda: Job.objects.filter(pk=result.id, status=JobStatus.DEAD).exists(),
+        timeout=60,
+        what="the job to be dead-lettered",
+    )
+    [attempt] = JobAttempt.objects.filter(job_id=result.id)
+    assert attempt.error_class == "django_leasejobs.exceptions.UnknownTask"
+    assert f"'{NEW_MODULE}.welcome' is not a registered task" in attempt.error_message
+    assert "deploy the code that declares it to the workers" in attempt.error_message
+    assert Job.objects.get(pk=result.id).attempt == 1
