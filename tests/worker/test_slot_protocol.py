@@ -917,6 +917,14 @@ class Steps:
     def wait_ended(self, *tokens: int) -> None:
         self.wait(lambda: all(self(t).end is not None for t in tokens), f"{tokens} to end")
 
+    def wait_replaced(self, slot: int) -> None:
+        """A dead slot's replacement takes jobs once its child said it is ready."""
+        if self.machine.kind == "process":
+            self.wait(
+                lambda: any(room.slot == slot for room in self.machine.pool.rooms(1)),
+                f"slot {slot}'s new child to be ready",
+            )
+
     def stop(self, token: int, *, graceful: bool = False) -> None:
         h = self(token)
         ended = [x for x in self.machine.handovers if (x.end is not None) == (h.end is not None)]
@@ -958,6 +966,7 @@ def a_running_job_stopped_takes_the_jobs_behind_it_with_it(s: Steps) -> None:
         assert s(1).ended_by == SlotDied((1, 1), "was killed by SIGKILL")
     else:
         assert s(1).end == "flagged" and s(1).stop == "flagged"
+    s.wait_replaced(0)
     s.hand_over(_batch(QUICK))  # the thread pool's slot 0 still runs job 1: slot 1 gets it
     assert s(4).slot == (0 if s.machine.kind == "process" else 1)
     s.wait_ended(4)
@@ -977,6 +986,7 @@ def a_slot_killed_from_outside_is_replaced(s: Steps) -> None:
     s.wait_ended(1, 2)
     assert s(1).ended_by == SlotDied((1, 1), "was killed by SIGKILL")
     assert s(2).end == "retracted"
+    s.wait_replaced(0)
     s.hand_over(_batch(QUICK))  # the new child of slot 0
     assert s(3).slot == 0
     s.wait_ended(3)
@@ -1027,6 +1037,7 @@ def a_job_that_ends_its_process_takes_the_jobs_behind_it_back(s: Steps) -> None:
     assert s(1).ended_by == SlotDied((1, 1), "exited with status 3")
     assert (s(2).end, s(3).end) == ("retracted", "retracted")
     assert (1, 2) in s.machine.ready  # retried: the next attempt
+    s.wait_replaced(0)
     s.hand_over(_batch(QUICK))
     assert s(4).slot == 0
     s.wait_ended(4)
