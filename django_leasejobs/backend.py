@@ -92,7 +92,8 @@ def task_field_problem(task: Task) -> str:
     if run_after is not None:
         if not isinstance(run_after, datetime):
             return (
-                "run_after must be a datetime.datetime (aware when USE_TZ is on) or None, "
+                "run_after must be a datetime.datetime (aware when USE_TZ is on), a "
+                "datetime.timedelta (from the enqueue) or None, "
                 f"got {run_after!r} ({type(run_after).__name__})."
             )
         if run_after.utcoffset() is not None:
@@ -202,7 +203,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         """The columns of a job of ``task`` that do not depend on the call: not the
         arguments, the trace context, ``run_after`` (without USE_TZ, stored in the time zone
         active at the call), nor the flow group of a callable concurrency key."""
-        backoff = getattr(task, "retry_backoff", None)
+        backoff = getattr(task, "backoff", None) or getattr(task, "retry_backoff", None)
         flow_group, concurrency_limit, rate_limit = None, None, None
         if isinstance(task, LeaseTask):
             concurrency_limit = task.effective_concurrency_limit
@@ -233,6 +234,14 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             rate_limit=rate_limit,
         )
 
+    def _run_after(self, task: Task) -> datetime | None:
+        """When a job of ``task`` may run: its ``run_after``, or now (the database's clock)
+        plus a ``run_after`` given as a timedelta."""
+        delay = getattr(task, "run_after_delay", None)
+        if delay is None:
+            return task.run_after
+        return leases.database_now(self.database) + delay
+
     def _job_fields(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
         """The columns of a new job row for one call (task and arguments checked: JSON only)."""
         columns = self._checked(task).columns
@@ -254,7 +263,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             timeout=columns.timeout,
             key=columns.key,
             retry_backoff=columns.retry_backoff,
-            run_after=_storable_run_after(task.run_after),
+            run_after=_storable_run_after(self._run_after(task)),
             task_options=columns.task_options,
             trace_context=tracing.current_context(),
             flow_group=flow_group,

@@ -46,6 +46,7 @@ if TYPE_CHECKING or django.VERSION >= (6, 0):  # type checkers: Django 6 (django
         task,
         task_backends,
     )
+    from django.tasks import exceptions as _task_exceptions
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskError
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -78,6 +79,7 @@ else:  # Django 5.2 with the django-tasks backport
         task_backends,
     )
     from django_tasks import exceptions as _backport_exceptions
+    from django_tasks import exceptions as _task_exceptions
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskError
     from django_tasks.exceptions import TaskResultDoesNotExist
@@ -99,6 +101,10 @@ else:  # Django 5.2 with the django-tasks backport
         InvalidTask = _backport_exceptions.InvalidTaskError
 
     USING_BACKPORT = True
+
+BaseTaskTimeout: type[TimeoutError] = getattr(_task_exceptions, "TaskTimeout", TimeoutError)
+"""Django's ``TaskTimeout`` once it has one (django/new-features#144), else
+``TimeoutError``: the base of ``django_leasejobs.exceptions.TaskTimeout``."""
 
 AnyTask: TypeAlias = "Task[..., Any]"
 """A task of any signature and return type (what the registry resolves a job's path to)."""
@@ -144,6 +150,7 @@ __all__ = [
     "AnyTask",
     "AnyTaskResult",
     "BaseTaskBackend",
+    "BaseTaskTimeout",
     "InvalidTask",
     "MissingTasksBackport",
     "Task",

@@ -8,9 +8,10 @@ expiry, timeout, kill, cancel) live here too, so the path always imports.
 from __future__ import annotations
 
 import functools
-from typing import Any
+import warnings
+from typing import TYPE_CHECKING, Any
 
-from .compat import InvalidTask
+from .compat import BaseTaskTimeout, InvalidTask
 
 
 class Retry(Exception):
@@ -73,8 +74,17 @@ class LeaseExpired(JobFailure):
     """The attempt's lease expired (the worker died, froze or lost the database)."""
 
 
-class JobTimeout(JobFailure):
-    """The attempt ran past the task's timeout and was killed."""
+if TYPE_CHECKING:
+    _TimeoutBase = TimeoutError
+else:
+    _TimeoutBase = BaseTaskTimeout
+
+
+class TaskTimeout(JobFailure, _TimeoutBase):
+    """The attempt ran past the task's ``timeout`` and was stopped: the name and base
+    class (``TimeoutError``; Django's own ``TaskTimeout`` once it has one) of the timeout
+    error in Django's coming task API (django/new-features#144). Recorded as
+    ``django_leasejobs.exceptions.TaskTimeout``."""
 
 
 class JobKilled(JobFailure):
@@ -181,3 +191,17 @@ def task_failure(
     """The :class:`TaskFailed` of an attempt's recorded error."""
     kind = _failure_class(exception_class_path)
     return kind(exception_class_path, message, remote_traceback, job_id, attempt, worker_id)
+
+
+def __getattr__(name: str) -> type[TaskTimeout]:
+    if name == "JobTimeout":
+        warnings.warn(
+            "django_leasejobs.exceptions.JobTimeout is deprecated: use TaskTimeout (a "
+            "TimeoutError, the name Django's coming task API gives it). Attempts that timed "
+            "out before this release keep the class path "
+            "'django_leasejobs.exceptions.JobTimeout' in their rows.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return TaskTimeout
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,14 +8,24 @@ is the same decorator on both.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
+
+from django.db import transaction
 
 from .compat import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, InvalidTask, Task
 from .limits import MAX_KEY_LENGTH, limit_problem, parse_rate, rate_problem
-from .retry import DEFAULT_MAX_SNOOZES, Backoff, BackoffCallable, backoff_problems
+from .retry import (
+    DEFAULT_MAX_SNOOZES,
+    Backoff,
+    BackoffCallable,
+    BackoffFunction,
+    backoff_problems,
+)
 from .serialization import string_problem
 
 _UNSET: Any = object()
@@ -32,10 +42,20 @@ class LeaseTask(Task):  # type: ignore[misc]
     timeout: float | None = None
     """Seconds one attempt may run before the worker kills it; None = no limit."""
 
+    backoff: Backoff | BackoffFunction | None = None
+    """Delay policy between attempts (the spelling of Django's coming API,
+    django/new-features#142); None = the backend's RETRY_BACKOFF. A callable
+    ``backoff(exception, task_result)`` returns the seconds to wait, or None for no retry
+    (called where the attempt ran, for exceptions the task raised; timeouts and kills use
+    the backend's policy); a dict is a policy like RETRY_BACKOFF's."""
+
     retry_backoff: Backoff | BackoffCallable | None = None
-    """Delay policy between attempts; None = the backend's RETRY_BACKOFF. A callable gets
-    the failed attempt's number and exception and returns seconds (called where the
-    attempt ran, for exceptions the task raised; timeouts and kills use RETRY_BACKOFF)."""
+    """Deprecated spelling of ``backoff``: a dict policy, or a callable
+    ``(failed attempt number, exception) -> seconds``."""
+
+    run_after_delay: timedelta | None = None
+    """``using(run_after=timedelta(...))``: the job runs this long after it is enqueued
+    (the database's clock)."""
 
     retry_on: tuple[type[BaseException], ...] | None = None
     """Only these exceptions (and their subclasses) are retried; None = all."""
@@ -62,6 +82,21 @@ class LeaseTask(Task):  # type: ignore[misc]
     ``"N/s"``, ``"N/m"`` or ``"N/h"`` (attempts and retries count)."""
 
     def __post_init__(self) -> None:
+        if self.backoff is not None and self.retry_backoff is not None:
+            raise InvalidTask("give backoff= only (retry_backoff= is its deprecated spelling)")
+        if self.backoff is not None and not (
+            isinstance(self.backoff, Backoff) or callable(self.backoff)
+        ):
+            problems = backoff_problems(self.backoff)
+            if problems:
+                raise InvalidTask("backoff " + "; ".join(problems))
+            object.__setattr__(self, "backoff", Backoff.from_value(self.backoff))
+        if self.run_after_delay is not None and (
+            not isinstance(self.run_after_delay, timedelta) or self.run_after_delay < timedelta(0)
+        ):
+            raise InvalidTask(
+                f"run_after must be a datetime or a timedelta >= 0, got {self.run_after_delay!r}"
+            )
         if self.retry_backoff is not None and not (
             isinstance(self.retry_backoff, Backoff) or callable(self.retry_backoff)
         ):
@@ -157,7 +192,7 @@ class LeaseTask(Task):  # type: ignore[misc]
         *,
         priority: int | None = None,
         queue_name: str | None = None,
-        run_after: datetime | None = None,
+        run_after: datetime | timedelta | None = None,
         backend: str | None = None,
         max_attempts: int | None = _UNSET,
         max_stalls: int | None = _UNSET,
@@ -168,7 +203,24 @@ class LeaseTask(Task):  # type: ignore[misc]
         concurrency_limit: int | None = _UNSET,
         rate_limit: str | None = _UNSET,
     ) -> LeaseTask:
-        """A copy with changed defaults; also takes this backend's per-task options."""
+        """A copy with changed defaults; also takes this backend's per-task options.
+
+        ``run_after`` may be a ``timedelta``: the job then runs that long after it is
+        enqueued. ``timeout`` and ``retry_backoff`` are deprecated here: Django's coming
+        API sets them in ``@task`` only."""
+        for name, value in (("timeout", timeout), ("retry_backoff", retry_backoff)):
+            if value is not _UNSET:
+                warnings.warn(
+                    f"using({name}=...) is deprecated: set it in @task(...) (Django's coming "
+                    "task API takes timeout and backoff there only).",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+        delay: Any = _UNSET
+        if isinstance(run_after, timedelta):
+            run_after, delay = None, run_after
+        elif run_after is not None:
+            delay = None  # an absolute time replaces a delay given before
         base: LeaseTask = Task.using(  # type: ignore[assignment]
             self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
         )
@@ -183,10 +235,22 @@ class LeaseTask(Task):  # type: ignore[misc]
                 ("concurrency_key", concurrency_key),
                 ("concurrency_limit", concurrency_limit),
                 ("rate_limit", rate_limit),
+                ("run_after_delay", delay),
             )
             if value is not _UNSET
         }
+        if delay is not _UNSET and delay is not None:
+            changes["run_after"] = None
         return replace(base, **changes) if changes else base  # type: ignore[arg-type]
+
+    def enqueue_on_commit(self, *args: Any, **kwargs: Any) -> None:
+        """Enqueue once the current transaction on the backend's database commits (at once
+        outside a transaction; never if it rolls back): Django's coming
+        ``Task.enqueue_on_commit()`` (django/new-features#161). Returns None: the job
+        does not exist yet when this returns."""
+        backend = self.get_backend()
+        using = getattr(backend, "database", None)
+        transaction.on_commit(partial(self.enqueue, *args, **kwargs), using=using)
 
 
 def concurrency_key_problem(key: Any) -> str:
@@ -239,6 +303,7 @@ def task(
     max_attempts: int | None = None,
     max_stalls: int | None = None,
     timeout: float | None = None,
+    backoff: Backoff | Mapping[str, float] | BackoffFunction | None = None,
     retry_backoff: Backoff | Mapping[str, float] | BackoffCallable | None = None,
     retry_on: tuple[type[BaseException], ...] | None = None,
     dont_retry_on: tuple[type[BaseException], ...] = (),
@@ -250,7 +315,17 @@ def task(
     """Declare a task with this backend's options, on Django 5.2 and 6.x alike.
 
     Usable bare (``@task``) or with arguments (``@task(max_attempts=5, timeout=60)``).
+    ``retry_backoff`` is the deprecated spelling of ``backoff`` (whose callable takes
+    ``(exception, task_result)``).
     """
+    if retry_backoff is not None:
+        warnings.warn(
+            "@task(retry_backoff=...) is deprecated: use backoff=... (a dict policy as before, "
+            "or a callable backoff(exception, task_result) -> seconds or None, the spelling "
+            "of Django's coming task API).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
 
     def wrapper(func: Callable[..., Any]) -> LeaseTask:
         return LeaseTask(
@@ -263,6 +338,7 @@ def task(
             max_attempts=max_attempts,
             max_stalls=max_stalls,
             timeout=timeout,
+            backoff=backoff,  # type: ignore[arg-type]
             retry_backoff=retry_backoff,  # type: ignore[arg-type]
             retry_on=retry_on,
             dont_retry_on=dont_retry_on,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -123,23 +124,29 @@ def _rebuild(base: Task, job: EnqueuedOptions, backend: str, given: Mapping[str,
     if isinstance(given.get("run_after"), str):
         with contextlib.suppress(ValueError):
             changes["run_after"] = datetime.fromisoformat(given["run_after"])
+    lease_changes: dict[str, Any] = {}
     if isinstance(base, LeaseTask):
-        backoff = job.retry_backoff
-        kept = base.retry_backoff if callable(base.retry_backoff) else None  # never stored
-        changes.update(
-            max_attempts=given.get("max_attempts"),
-            max_stalls=given.get("max_stalls"),
-            timeout=job.timeout,
-            key=job.key,
-            retry_backoff=kept if backoff is None else Backoff.from_value(backoff),
-            concurrency_limit=given.get("concurrency_limit"),
-            rate_limit=given.get("rate_limit"),
-            concurrency_key=given.get("concurrency_key")
+        # A dict policy is stored on the row; a function never is (the task keeps it).
+        policy = "backoff" if base.backoff is not None else "retry_backoff"
+        declared = getattr(base, policy)
+        stored = job.retry_backoff
+        lease_changes = {
+            "max_attempts": given.get("max_attempts"),
+            "max_stalls": given.get("max_stalls"),
+            "timeout": job.timeout,
+            "key": job.key,
+            policy: Backoff.from_value(stored)
+            if stored is not None
+            else (declared if callable(declared) else None),
+            "concurrency_limit": given.get("concurrency_limit"),
+            "rate_limit": given.get("rate_limit"),
+            "concurrency_key": given.get("concurrency_key")
             if isinstance(given.get("concurrency_key"), str)
             else (base.concurrency_key if callable(base.concurrency_key) else None),
-        )
+        }
     try:
-        return base.using(**changes)
+        task = base.using(**changes)
+        return replace(task, **lease_changes) if lease_changes else task
     except (InvalidTask, TypeError, ValueError):
         # The row's queue, priority or options are no longer valid for this backend's
         # settings: report the job anyway, with the task's own defaults.

@@ -28,8 +28,12 @@ DEFAULT_MAX_SNOOZES = 10
 says otherwise (``max_snoozes``)."""
 
 BackoffCallable = Callable[[int, BaseException], float]
-"""A task's ``retry_backoff`` as a function: (failed attempt number, its exception) ->
-seconds to wait."""
+"""A task's ``retry_backoff`` (deprecated) as a function: (failed attempt number, its
+exception) -> seconds to wait."""
+
+BackoffFunction = Callable[[BaseException, Any], "float | None"]
+"""A task's ``backoff`` as a function (Django's coming spelling): (the exception, the
+failed attempt's ``TaskResult``) -> seconds to wait, or None: not retried."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +124,14 @@ RETRIED = Verdict()
 timeouts and kills, which have no exception to judge)."""
 
 
-def verdict(task: Any, exc: BaseException, attempt: int) -> Verdict:
-    """The verdict on ``exc``, raised by attempt ``attempt`` of ``task``.
+def verdict(
+    task: Any,
+    exc: BaseException,
+    attempt: int,
+    result_of: Callable[[], Any] | None = None,
+) -> Verdict:
+    """The verdict on ``exc``, raised by attempt ``attempt`` of ``task``; ``result_of``
+    gives the failed attempt's ``TaskResult`` for a ``backoff`` function.
 
     Precedence: a valid :class:`Retry` snoozes; a class in ``dont_retry_on`` fails at
     once; with ``retry_on`` set, a class not in it fails at once; else retried. Never
@@ -133,17 +143,26 @@ def verdict(task: Any, exc: BaseException, attempt: int) -> Verdict:
             return Verdict(Decision.SNOOZE, seconds=_seconds(getattr, exc, "after"))
         except _Refused as refused:
             reason = f"Retry(after=...) {refused}: counted as a failed attempt"
-            return _retried(task, exc, attempt, reason)
+            return _retried(task, exc, attempt, reason, result_of)
     dont_retry_on = getattr(task, "dont_retry_on", ())
     if dont_retry_on and isinstance(exc, dont_retry_on):
         return Verdict(Decision.FAIL, f"not retried: {name} is in dont_retry_on")
     retry_on = getattr(task, "retry_on", None)
     if retry_on is not None and not isinstance(exc, retry_on):
         return Verdict(Decision.FAIL, f"not retried: {name} is not in retry_on")
-    return _retried(task, exc, attempt, f"{name} is in retry_on" if retry_on else "")
+    return _retried(task, exc, attempt, f"{name} is in retry_on" if retry_on else "", result_of)
 
 
-def _retried(task: Any, exc: BaseException, attempt: int, reason: str) -> Verdict:
+def _retried(
+    task: Any,
+    exc: BaseException,
+    attempt: int,
+    reason: str,
+    result_of: Callable[[], Any] | None,
+) -> Verdict:
+    function = getattr(task, "backoff", None)
+    if callable(function):
+        return _by_backoff(function, exc, reason, result_of)
     backoff = getattr(task, "retry_backoff", None)
     if not callable(backoff):
         return Verdict(Decision.RETRY, reason)
@@ -151,6 +170,27 @@ def _retried(task: Any, exc: BaseException, attempt: int, reason: str) -> Verdic
         return Verdict(Decision.RETRY, reason, _seconds(backoff, attempt, exc))
     except _Refused as refused:
         note = f"retry_backoff {refused}: used the backend's RETRY_BACKOFF"
+        return Verdict(Decision.RETRY, f"{reason}; {note}" if reason else note)
+
+
+def _by_backoff(
+    function: Callable[..., Any],
+    exc: BaseException,
+    reason: str,
+    result_of: Callable[[], Any] | None,
+) -> Verdict:
+    """The verdict of a ``backoff(exception, task_result)`` function: None fails the job."""
+    try:
+        value = function(exc, result_of() if result_of is not None else None)
+    except Exception as raised:
+        note = f"backoff raised {_class_name(raised)}: used the backend's RETRY_BACKOFF"
+        return Verdict(Decision.RETRY, f"{reason}; {note}" if reason else note)
+    if value is None:
+        return Verdict(Decision.FAIL, "not retried: backoff returned None")
+    try:
+        return Verdict(Decision.RETRY, reason, _seconds(lambda: value))
+    except _Refused as refused:
+        note = f"backoff {refused}: used the backend's RETRY_BACKOFF"
         return Verdict(Decision.RETRY, f"{reason}; {note}" if reason else note)
 
 

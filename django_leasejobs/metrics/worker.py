@@ -25,7 +25,11 @@ from ..models import JobStatus
 
 JOB_LABELS = ("backend", "queue", "task")
 KILLED_ERRORS = frozenset(
-    {"django_leasejobs.exceptions.JobKilled", "django_leasejobs.exceptions.JobTimeout"}
+    {
+        "django_leasejobs.exceptions.JobKilled",
+        "django_leasejobs.exceptions.TaskTimeout",
+        "django_leasejobs.exceptions.JobTimeout",  # rows written before TaskTimeout
+    }
 )
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)

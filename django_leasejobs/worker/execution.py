@@ -232,11 +232,22 @@ def _attempt(
             duration=time.monotonic() - started,
         )
     except BaseException as exc:  # KeyboardInterrupt and SystemExit too: the task's own
+        error = error_info(exc)
+
+        def failed_result() -> AnyTaskResult:
+            """The attempt's TaskResult as a ``backoff`` function sees it: FAILED, with
+            this attempt's error."""
+            result = running_result(
+                job, task, spec.backend, spec.worker_id, status=JobStatus.FAILED
+            )
+            result.errors.append(error_as_task_error(error))
+            return result
+
         return Outcome(
             job.lease,
             ok=False,
-            error=error_info(exc),
-            verdict=verdict(task, exc, job.attempt),
+            error=error,
+            verdict=verdict(task, exc, job.attempt, failed_result),
             duration=time.monotonic() - started,
         )
     return Outcome(job.lease, ok=True, result=result, duration=time.monotonic() - started)
@@ -282,6 +293,8 @@ def retry_delay(job: ClaimedJob, task: AnyTask | None, default_backoff: Backoff)
     try:
         if job.retry_backoff is not None:
             policy = Backoff.from_value(job.retry_backoff)
+        elif isinstance(getattr(task, "backoff", None), Backoff):
+            policy = task.backoff  # type: ignore[union-attr]
         elif isinstance(getattr(task, "retry_backoff", None), Backoff):
             policy = task.retry_backoff  # type: ignore[union-attr]
         return (policy or default_backoff).delay(job.attempt)

@@ -391,12 +391,11 @@ LATER = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
         ("tomorrow", "run_after must be a datetime.datetime"),
         (date(2030, 1, 1), "run_after must be a datetime.datetime"),
         (1893456000, "run_after must be a datetime.datetime"),
-        (timedelta(hours=1), "run_after must be a datetime.datetime"),
         (datetime(2030, 1, 1, 12, 0), "run_after must be an aware datetime"),
         (datetime.max.replace(tzinfo=timezone(timedelta(hours=-5))), "out of range"),
         (datetime.min.replace(tzinfo=timezone(timedelta(hours=5))), "out of range"),
     ],
-    ids=["str", "date", "int", "timedelta", "naive", "past-year-9999", "before-year-1"],
+    ids=["str", "date", "int", "naive", "past-year-9999", "before-year-1"],
 )
 def test_bad_run_after_is_refused(run_after: Any, needle: str, nothing_stored: None) -> None:
     with pytest.raises(InvalidTask, match=needle):

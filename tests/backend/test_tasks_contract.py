@@ -257,7 +257,7 @@ def test_the_task_context_carries_the_timestamps(pool: str) -> None:
         # own backends record a TypeError), not retried.
         ("returns_a_set", "django_leasejobs.exceptions.InvalidTaskArguments"),
         # Stopped by the worker.
-        ("overruns_its_timeout", "django_leasejobs.exceptions.JobTimeout"),
+        ("overruns_its_timeout", "django_leasejobs.exceptions.TaskTimeout"),
     ],
 )
 @pytest.mark.parametrize("pool", ["process", "thread"])

@@ -423,7 +423,7 @@ def test_fail_many_decides_retry_failure_and_cancel_per_job() -> None:
         c.id: row(c.id)["last_attempted_at"] for c in (retry, retry2, used_up, final, cancelled)
     }
     long_message = "m" * 5000
-    timeout = ErrorInfo("django_leasejobs.exceptions.JobTimeout", long_message, "tb: timeout")
+    timeout = ErrorInfo("django_leasejobs.exceptions.TaskTimeout", long_message, "tb: timeout")
     killed = ErrorInfo("django_leasejobs.exceptions.JobKilled", "", "")
     batch_a = [
         Failure(*retry.lease, ERROR, 30.0),
@@ -473,7 +473,7 @@ def test_fail_many_decides_retry_failure_and_cancel_per_job() -> None:
     # when no message.
     assert row(retry.id)["last_error"] == "builtins.ValueError: bad value"
     assert row(used_up.id)["last_error"] == (
-        "django_leasejobs.exceptions.JobTimeout: " + leases.storable_text(long_message, 2000)
+        "django_leasejobs.exceptions.TaskTimeout: " + leases.storable_text(long_message, 2000)
     )
     assert row(final.id)["last_error"] == "django_leasejobs.exceptions.JobKilled"
 

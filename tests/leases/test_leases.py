@@ -572,7 +572,7 @@ def test_fail_with_retry_delay_schedules_a_retry() -> None:
 def test_fail_records_the_outcome_it_is_given() -> None:
     job = make_job()
     claimed = claim_one("worker-a", job.pk)
-    timeout = ErrorInfo("django_leasejobs.exceptions.JobTimeout", "ran past 30s")
+    timeout = ErrorInfo("django_leasejobs.exceptions.TaskTimeout", "ran past 30s")
 
     leases.fail(
         job.pk,
@@ -586,7 +586,7 @@ def test_fail_records_the_outcome_it_is_given() -> None:
     (attempt,) = attempt_rows(job.pk)
     assert (attempt.outcome, attempt.error_class, attempt.error_message, attempt.traceback) == (
         AttemptOutcome.TIMEOUT,
-        "django_leasejobs.exceptions.JobTimeout",
+        "django_leasejobs.exceptions.TaskTimeout",
         "ran past 30s",
         "",
     )

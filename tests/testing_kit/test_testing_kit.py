@@ -180,7 +180,9 @@ class RunJobsTests(LeaseJobsTestMixin, TestCase):
         kit_tasks.overruns_timeout.enqueue()
         first, second = self.run_jobs(include_scheduled=True)
         self.assertEqual((first.status, first.outcome), ("pending", AttemptOutcome.TIMEOUT))
-        self.assertEqual(first.error.exception_class_path, "django_leasejobs.exceptions.JobTimeout")
+        self.assertEqual(
+            first.error.exception_class_path, "django_leasejobs.exceptions.TaskTimeout"
+        )
         self.assertIn("ran past its timeout of 0.01s", first.error.message)
         self.assertEqual((second.attempt, second.status), (2, "failed"))
 

@@ -44,7 +44,7 @@ from tests.worker_harness import WorkerProcess, Workers, pid_alive
 pytestmark = pytest.mark.django_db(transaction=True)
 
 LEASE_EXPIRED = "django_leasejobs.exceptions.LeaseExpired"
-JOB_TIMEOUT = "django_leasejobs.exceptions.JobTimeout"
+JOB_TIMEOUT = "django_leasejobs.exceptions.TaskTimeout"
 JOB_CANCELLED = "django_leasejobs.exceptions.JobCancelled"
 FAULTS_MODULE = "tests.tasks_worker_faults"
 

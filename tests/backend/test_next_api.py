@@ -1,0 +1,114 @@
+"""The spellings of Django's coming task API (django/new-features #141, #142, #144, #161,
+#181), accepted today: ``@task(backoff=...)`` with ``backoff(exception, task_result)``,
+``TaskTimeout`` (a ``TimeoutError``), ``enqueue_on_commit()``, ``run_after`` as a
+``timedelta``; and the old spellings still working, with a ``DeprecationWarning``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+
+from django_leasejobs import exceptions, task
+from django_leasejobs.compat import InvalidTask, TaskResultStatus
+from django_leasejobs.models import Job
+from django_leasejobs.retry import Backoff
+from django_leasejobs.testing import run_jobs
+from tests import tasks_next_api
+from tests.helpers_leases import seconds_from_db_now
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SLACK = 5.0
+
+
+def test_a_backoff_function_gets_the_exception_and_the_failed_result() -> None:
+    tasks_next_api.SEEN.clear()
+    result = tasks_next_api.call_api.enqueue(wait=42)
+
+    [run] = run_jobs()
+
+    assert (run.status, run.outcome) == ("pending", "error")
+    assert run.retry_delay == 42
+    [(exception, task_result)] = tasks_next_api.SEEN
+    assert isinstance(exception, tasks_next_api.RateLimited) and exception.wait == 42
+    assert task_result.id == result.id and task_result.status == TaskResultStatus.FAILED
+    assert task_result.errors[-1].exception_class_path.endswith("RateLimited")
+    job = Job.objects.get(pk=result.id)
+    assert abs(seconds_from_db_now(job.run_after) - 42) < SLACK
+
+
+def test_a_backoff_function_returning_none_fails_the_job() -> None:
+    tasks_next_api.call_api.enqueue(wait=0)
+    [run] = run_jobs()
+    assert run.status == "failed"
+    assert run.decision == "not retried: backoff returned None"
+
+
+def test_a_backoff_dict_is_a_policy() -> None:
+    assert tasks_next_api.fixed_backoff.backoff == Backoff(base=5, factor=1, cap=5, jitter=0)
+    tasks_next_api.fixed_backoff.enqueue()
+    [run] = run_jobs()
+    assert (run.status, run.retry_delay) == ("pending", 5)
+
+
+def test_retry_backoff_still_works_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match=r"retry_backoff=\.\.\.\) is deprecated"):
+        old_spelling = task(retry_backoff={"base": 1, "factor": 1, "cap": 1, "jitter": 0})(
+            tasks_next_api.undecorated
+        )
+    assert old_spelling.retry_backoff == Backoff(base=1, factor=1, cap=1, jitter=0)
+    with pytest.raises(InvalidTask, match="give backoff= only"):
+        task(backoff={"base": 1}, retry_backoff={"base": 2})(tasks_next_api.undecorated)
+
+
+@pytest.mark.parametrize("option", ["timeout", "retry_backoff"])
+def test_timeout_and_backoff_in_using_are_deprecated(option: str) -> None:
+    value = 5 if option == "timeout" else {"base": 1, "factor": 1, "cap": 1, "jitter": 0}
+    with pytest.warns(DeprecationWarning, match=rf"using\({option}=\.\.\.\) is deprecated"):
+        changed = tasks_next_api.noop.using(**{option: value})
+    assert getattr(changed, option) in (5, Backoff(base=1, factor=1, cap=1, jitter=0))
+
+
+def test_task_timeout_is_a_timeout_error_and_job_timeout_its_deprecated_name() -> None:
+    assert issubclass(exceptions.TaskTimeout, TimeoutError)
+    with pytest.warns(DeprecationWarning, match="JobTimeout is deprecated: use TaskTimeout"):
+        old = exceptions.JobTimeout
+    assert old is exceptions.TaskTimeout
+
+
+def test_run_after_may_be_a_timedelta_on_the_database_clock() -> None:
+    result = tasks_next_api.noop.using(run_after=timedelta(minutes=5)).enqueue(1)
+    job = Job.objects.get(pk=result.id)
+    assert abs(seconds_from_db_now(job.run_after) - 300) < SLACK
+    assert run_jobs() == []  # not due yet
+    with pytest.raises(InvalidTask, match="timedelta >= 0"):
+        tasks_next_api.noop.using(run_after=timedelta(seconds=-1))
+
+
+def test_enqueue_on_commit_waits_for_the_commit_and_never_enqueues_on_rollback() -> None:
+    with transaction.atomic():
+        assert tasks_next_api.noop.enqueue_on_commit(1) is None
+        assert not Job.objects.exists()  # not before the commit
+    assert list(Job.objects.values_list("args", flat=True)) == [[1]]
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        tasks_next_api.noop.enqueue_on_commit(2)
+        raise RuntimeError("rolled back")
+    assert Job.objects.count() == 1
+
+    tasks_next_api.noop.enqueue_on_commit(3)  # no transaction: at once
+    assert Job.objects.count() == 2
+
+
+def test_the_new_spellings_warn_nothing() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+
+        new_spelling = task(timeout=30, backoff=tasks_next_api.wait_as_told)(
+            tasks_next_api.undecorated
+        )
+        new_spelling.using(run_after=timedelta(seconds=1), priority=3)
