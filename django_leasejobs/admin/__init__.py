@@ -14,6 +14,7 @@ their model admins.
 | ``filters`` | the list filters |
 | ``filter_safety`` | the lists' 400 answer to a malformed filter |
 | ``clock`` | the database's clock for everything shown as online, lease left or age |
+| ``big_values`` | big values cut on pages (read cut by the database), their downloads |
 | ``display``, ``reports`` | shared display helpers; an action's report |
 
 The model admins (and the job list's filters) are importable from here, as they were

@@ -15,11 +15,12 @@ from typing import Any, cast
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
@@ -31,9 +32,11 @@ from ..limits import describe_group
 from ..models import Job, JobAttempt, JobStatus
 from ..templatetags.leasejobs_admin import seconds
 from ..templatetags.leasejobs_admin import task_name as function_name
+from . import big_values
+from .big_values import ATTEMPT_TEXT, JOB_BIG, JOB_JSON, JOB_TEXT, cut_note, preview, shown_json
 from .clock import now_of, with_database_now
 from .dashboard import dashboard_response
-from .display import pretty_json, relative, status_badge
+from .display import relative, status_badge
 from .filter_safety import FilterSafeAdmin
 from .filters import HasErrorsFilter, QueueFilter, TaskFilter, WorkerFilter
 from .reports import ActionReport
@@ -123,18 +126,47 @@ class JobAttemptInline(admin.TabularInline):
         # Attempts are part of a job's history: whoever may view jobs sees them.
         return request.user.has_perm("django_leasejobs.view_job")
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[JobAttempt]:
+        # The message and traceback are read cut to what the page shows (big_values).
+        return big_values.with_previews(super().get_queryset(request), ATTEMPT_TEXT)
+
+    def _download_url(self, attempt: JobAttempt, name: str) -> str:
+        return reverse(
+            f"{self.admin_site.name}:django_leasejobs_job_attempt_download",
+            args=[attempt.job_id, attempt.pk, name],
+        )
+
     @admin.display(description=_("error"))
     def error(self, attempt: JobAttempt) -> str:
-        return format_html("<code>{}</code><br>{}", attempt.error_class, attempt.error_message)
+        message = preview(attempt, "error_message")
+        if message is None or not message.cut:
+            return format_html(
+                "<code>{}</code><br>{}", attempt.error_class, message.text if message else ""
+            )
+        return format_html(
+            "<code>{}</code><br>{}…{}",
+            attempt.error_class,
+            message.text,
+            cut_note(message, self._download_url(attempt, "error_message")),
+        )
 
     @admin.display(description=_("traceback"))
     def trace(self, attempt: JobAttempt) -> str:
-        if not attempt.traceback:
+        traceback = preview(attempt, "traceback")
+        if traceback is None or not traceback.text:
             return "-"
+        if not traceback.cut:
+            return format_html(
+                '<details><summary>{}</summary><pre class="leasejobs-traceback">{}</pre></details>',
+                _("show"),
+                traceback.text,
+            )
         return format_html(
-            '<details><summary>{}</summary><pre class="leasejobs-traceback">{}</pre></details>',
+            '<details><summary>{}</summary><pre class="leasejobs-traceback leasejobs-cut">{}…</pre>'
+            "</details>{}",
             _("show"),
-            attempt.traceback,
+            traceback.text,
+            cut_note(traceback, self._download_url(attempt, "traceback")),
         )
 
 
@@ -250,7 +282,28 @@ class JobAdmin(FilterSafeAdmin):
         return [(name, {**options, "fields": fields}), *rest]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
-        return with_database_now(super().get_queryset(request))
+        # Big values are never read whole: the list reads the progress message cut to
+        # what it shows, and nothing of the arguments, result, checkpoint or error
+        # (the job's page reads those cut too: get_object).
+        jobs = with_database_now(super().get_queryset(request)).defer(*JOB_BIG)
+        return big_values.with_previews(jobs, ("progress_message",))
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Job | None:
+        """The job of its page, with its arguments, result, checkpoint and error read
+        cut to what the page shows (``big_values.with_previews``)."""
+        jobs = big_values.with_previews(
+            self.get_queryset(request),
+            tuple(name for name in (*JOB_JSON, *JOB_TEXT) if name != "progress_message"),
+            JOB_JSON,
+        )
+        field = Job._meta.pk if from_field is None else Job._meta.get_field(from_field)
+        try:
+            value = field.to_python(object_id)  # type: ignore[union-attr]
+            return jobs.get(**{field.name: value})
+        except (Job.DoesNotExist, ValidationError, ValueError):
+            return None
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
@@ -316,16 +369,22 @@ class JobAdmin(FilterSafeAdmin):
             f"{job.progress:.3f}",
             f"{job.progress * 100:.0f}",
         )
-        if not job.progress_message:
+        shown = preview(job, "progress_message")
+        if shown is None or not shown.text:
             return bar
+        message = shown.text
+        if shown.cut:
+            message = format_html(
+                "{}…{}", shown.text, cut_note(shown, self._download_url(job, "progress_message"))
+            )
         if job.status == JobStatus.RUNNING:
-            return format_html("{} {}", bar, job.progress_message)
+            return format_html("{} {}", bar, message)
         # Not running: what its last attempt said, not what is happening now.
         return format_html(
             '{} <small class="leasejobs-quiet">{} {}</small>',
             bar,
             _("last reported:"),
-            job.progress_message,
+            message,
         )
 
     @admin.display(description=_("when"))
@@ -390,27 +449,40 @@ class JobAdmin(FilterSafeAdmin):
             return format_html("{} <code>{}</code>", _("key"), key)
         return format_html("<code>{}</code>", describe_group(job.flow_group))
 
+    def _download_url(self, job: Job, name: str) -> str:
+        return reverse(f"{self.admin_site.name}:django_leasejobs_job_download", args=[job.pk, name])
+
+    def _json(self, job: Job, name: str) -> str:
+        return shown_json(preview(job, name), self._download_url(job, name))
+
     @admin.display(description=_("arguments"))
     def args_json(self, job: Job) -> str:
-        return pretty_json(job.args)
+        return self._json(job, "args")
 
     @admin.display(description=_("keyword arguments"))
     def kwargs_json(self, job: Job) -> str:
-        return pretty_json(job.kwargs)
+        return self._json(job, "kwargs")
 
     @admin.display(description=_("result"))
     def result_json(self, job: Job) -> str:
-        return pretty_json(job.result) if job.status == JobStatus.SUCCEEDED else "-"
+        return self._json(job, "result") if job.status == JobStatus.SUCCEEDED else "-"
 
     @admin.display(description=_("checkpoint"))
     def checkpoint_json(self, job: Job) -> str:
-        return pretty_json(job.checkpoint) if job.checkpoint is not None else "-"
+        return self._json(job, "checkpoint")
 
     @admin.display(description=_("last error"))
     def last_error_display(self, job: Job) -> str:
-        if not job.last_error:
+        shown = preview(job, "last_error")
+        if shown is None or not shown.text:
             return "-"
-        return format_html('<pre class="leasejobs-error">{}</pre>', job.last_error)
+        if not shown.cut:
+            return format_html('<pre class="leasejobs-error">{}</pre>', shown.text)
+        return format_html(
+            '<pre class="leasejobs-error leasejobs-cut">{}…</pre>{}',
+            shown.text,
+            cut_note(shown, self._download_url(job, "last_error")),
+        )
 
     # -- actions ------------------------------------------------------------------
 
@@ -573,6 +645,16 @@ class JobAdmin(FilterSafeAdmin):
                 self.admin_site.admin_view(self.dashboard_view),
                 name="{}_{}_dashboard".format(*info),
             ),
+            path(
+                "<int:job_id>/download/<str:name>/",
+                self.admin_site.admin_view(self.download_view),
+                name="{}_{}_download".format(*info),
+            ),
+            path(
+                "<int:job_id>/attempts/<int:attempt_id>/download/<str:name>/",
+                self.admin_site.admin_view(self.attempt_download_view),
+                name="{}_{}_attempt_download".format(*info),
+            ),
             *urls,
         ]
 
@@ -580,3 +662,28 @@ class JobAdmin(FilterSafeAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         return dashboard_response(self.admin_site, request)
+
+    # -- downloads of big values ----------------------------------------------------
+
+    def download_view(self, request: HttpRequest, job_id: int, name: str) -> HttpResponse:
+        """A job's whole argument list, keyword arguments, result, checkpoint (JSON), last
+        error or progress message (text), as a file: for whoever may view the job."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        value = big_values.job_value(self.get_queryset(request), job_id, name)
+        extension = "json" if name in JOB_JSON else "txt"
+        return big_values.download(
+            value, f"job-{job_id}-{name}.{extension}", as_json=name in JOB_JSON
+        )
+
+    def attempt_download_view(
+        self, request: HttpRequest, job_id: int, attempt_id: int, name: str
+    ) -> HttpResponse:
+        """An attempt's whole error message or traceback, as a text file."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        attempts = JobAttempt.objects.using(self.get_queryset(request).db)
+        number, value = big_values.attempt_value(attempts, job_id, attempt_id, name)
+        return big_values.download(
+            value, f"job-{job_id}-attempt-{number}-{name}.txt", as_json=False
+        )

@@ -122,9 +122,11 @@ class WorkerAdmin(FilterSafeAdmin):
 
     @admin.display(description=_("jobs it holds now"))
     def held_jobs(self, worker: Worker) -> str:
-        jobs = Job.objects.filter(status=JobStatus.RUNNING, locked_by=worker.id).order_by("id")[
-            :100
-        ]
+        jobs = (
+            Job.objects.filter(status=JobStatus.RUNNING, locked_by=worker.id)
+            .only("id", "task_path", "attempt")  # never a job's big values
+            .order_by("id")[:100]
+        )
         if not jobs:
             return "-"
         return format_html(
