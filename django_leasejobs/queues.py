@@ -197,9 +197,19 @@ def waiting_reasons(job: Job) -> list[str]:
     rules: FlowRules = found.config.flow
     now = database_now(using)
     reasons = []
+    if job.unknown_task_since is not None:
+        waited = (now - job.unknown_task_since).total_seconds()
+        reasons.append(
+            f"a worker that did not know its task {job.task_path!r} gave it back "
+            f"{waited:.0f} s after the first such worker met it: it waits for a worker "
+            "running code that declares the task (dead letter after UNKNOWN_TASK_GRACE, "
+            f"{found.config.unknown_task_grace:g} s)"
+        )
     if job.run_after is not None and job.run_after > now:
         wait = (job.run_after - now).total_seconds()
-        if job.attempt > 0:
+        if job.unknown_task_since is not None:
+            reasons.append(f"it may be claimed again in {wait:.0f} s")
+        elif job.attempt > 0:
             reasons.append(
                 f"waiting for a retry: attempt {job.attempt} did not succeed, the next one "
                 f"may start in {wait:.0f} s"

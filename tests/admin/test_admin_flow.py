@@ -433,6 +433,26 @@ def test_a_scheduled_job_and_a_job_waiting_for_its_retry(admin_client: Client) -
     ), reason
 
 
+def test_a_job_waiting_for_a_worker_that_knows_its_task(admin_client: Client) -> None:
+    job = enqueue()
+    [job_id] = claim("default")
+    done = leases.defer_unknown(WORKER, {(job_id, 1): "not deployed here"}, grace=3600)
+    assert (job_id, 1) in done.delays
+    content = job_page(admin_client, job)
+    found = re.search(
+        r'<div class="leasejobs-waiting"><strong>.*?</strong><ul>(.*?)</ul>', content, re.S
+    )
+    assert found
+    items = [html.unescape(item) for item in re.findall(r"<li>(.*?)</li>", found.group(1))]
+    assert re.fullmatch(
+        r"a worker that did not know its task 'tests.tasks.add' gave it back \d+ s after the "
+        r"first such worker met it: it waits for a worker running code that declares the "
+        r"task \(dead letter after UNKNOWN_TASK_GRACE, 3600 s\)",
+        items[0],
+    ), items
+    assert re.fullmatch(r"it may be claimed again in [12] s", items[1]), items
+
+
 def test_several_reasons_are_listed_together(admin_client: Client) -> None:
     job = enqueue("low", run_after=timezone.now() + timedelta(hours=1))
     queues.pause("low")
