@@ -35,9 +35,9 @@ from .lease_task import LeaseTask
 from .leases import NewJob
 from .limits import key_group, task_group
 from .models import ACTIVE_STATUSES, Job, JobAttempt, JobStatus
-from .results import STATUS_TO_RESULT, attempt_history, task_as_enqueued
+from .results import STATUS_TO_RESULT, LeaseTaskResult, attempt_history, task_as_enqueued
 from .retry import Backoff
-from .serialization import json_arguments
+from .serialization import json_arguments, json_value
 from .signals import job_enqueued
 
 logger = logging.getLogger("django_leasejobs")
@@ -61,6 +61,15 @@ def _task_options(task: Task) -> dict[str, Any] | None:
     if isinstance(key, str):  # a callable cannot be stored: the declared task keeps it
         options["concurrency_key"] = key
     return options or None
+
+
+def _metadata(task: Task, using: str) -> dict[str, Any] | None:
+    """The task's ``using(metadata=...)`` as stored: a checked JSON copy (None: none)."""
+    metadata = getattr(task, "metadata", None)
+    if metadata is None:
+        return None
+    checked: dict[str, Any] = json_value(dict(metadata), "metadata", using=using)
+    return checked
 
 
 def _storable_run_after(run_after: datetime | None) -> datetime | None:
@@ -128,6 +137,10 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
     supports_defer = True
     supports_priority = True
     supports_get_result = True
+    supports_metadata = True
+    """Jobs carry a metadata dict (``using(metadata=...)``, ``context.metadata``,
+    ``context.save_metadata()``, ``TaskResult.metadata``): Django's coming API
+    (django/new-features#141) asks backends to say so."""
     supports_async_task = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
@@ -232,6 +245,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             flow_group=flow_group,
             concurrency_limit=concurrency_limit,
             rate_limit=rate_limit,
+            metadata=_metadata(task, self.database),
         )
 
     def _run_after(self, task: Task) -> datetime | None:
@@ -269,6 +283,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             flow_group=flow_group,
             concurrency_limit=columns.concurrency_limit,
             rate_limit=columns.rate_limit,
+            metadata=columns.metadata,
         )
 
     def _new_job(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
@@ -443,7 +458,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
     def _fresh_result(self, task: Task, row: NewJob, job_id: int, now: Any) -> TaskResult:
         """The django.tasks view of a job just inserted (no query needed; ``row``'s
         arguments are checked copies of the call's, the result's own)."""
-        return TaskResult(
+        return LeaseTaskResult(
             task=task,
             id=str(job_id),
             status=TaskResultStatus.READY,
@@ -456,6 +471,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             backend=self.alias,
             errors=[],
             worker_ids=[],
+            metadata=dict(row.metadata or {}),
         )
 
     def get_result(self, result_id: str) -> TaskResult:
@@ -483,7 +499,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         if task is None:
             task = self._task_for(job)
         errors, worker_ids = attempt_history(attempts, job.attempt, job.last_worker)
-        result: TaskResult = TaskResult(
+        result: TaskResult = LeaseTaskResult(
             task=task,
             id=str(job.pk),
             status=STATUS_TO_RESULT[JobStatus(job.status)],
@@ -496,6 +512,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             backend=self.alias,
             errors=errors,
             worker_ids=worker_ids,
+            metadata=job.metadata if isinstance(job.metadata, dict) else {},
         )
         if job.status == JobStatus.SUCCEEDED:
             object.__setattr__(result, "_return_value", job.result)

@@ -53,6 +53,11 @@ class LeaseTask(Task):  # type: ignore[misc]
     """Deprecated spelling of ``backoff``: a dict policy, or a callable
     ``(failed attempt number, exception) -> seconds``."""
 
+    metadata: Mapping[str, Any] | None = None
+    """``using(metadata={...})``: a JSON object stored with the job (Django's coming
+    API, django/new-features#141); the task reads and changes it as
+    ``context.metadata``."""
+
     run_after_delay: timedelta | None = None
     """``using(run_after=timedelta(...))``: the job runs this long after it is enqueued
     (the database's clock)."""
@@ -91,6 +96,13 @@ class LeaseTask(Task):  # type: ignore[misc]
             if problems:
                 raise InvalidTask("backoff " + "; ".join(problems))
             object.__setattr__(self, "backoff", Backoff.from_value(self.backoff))
+        if self.metadata is not None and (
+            not isinstance(self.metadata, Mapping)
+            or not all(isinstance(name, str) for name in self.metadata)
+        ):
+            raise InvalidTask(
+                f"metadata must be a dict with string keys (JSON), got {_safe_repr(self.metadata)}"
+            )
         if self.run_after_delay is not None and (
             not isinstance(self.run_after_delay, timedelta) or self.run_after_delay < timedelta(0)
         ):
@@ -202,6 +214,7 @@ class LeaseTask(Task):  # type: ignore[misc]
         concurrency_key: str | Callable[..., str] | None = _UNSET,
         concurrency_limit: int | None = _UNSET,
         rate_limit: str | None = _UNSET,
+        metadata: Mapping[str, Any] | None = _UNSET,
     ) -> LeaseTask:
         """A copy with changed defaults; also takes this backend's per-task options.
 
@@ -236,6 +249,7 @@ class LeaseTask(Task):  # type: ignore[misc]
                 ("concurrency_limit", concurrency_limit),
                 ("rate_limit", rate_limit),
                 ("run_after_delay", delay),
+                ("metadata", metadata),
             )
             if value is not _UNSET
         }

@@ -132,6 +132,12 @@ class Job(models.Model):
         "worker's span; null = none.",
     )
 
+    metadata = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The job's metadata: a JSON object set at enqueue (using(metadata=...)), "
+        "read and saved by its task (context.metadata, save_metadata()); null = none.",
+    )
     unknown_task_since = models.DateTimeField(
         null=True,
         blank=True,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -27,6 +27,24 @@ STATUS_TO_RESULT = {
     JobStatus.DEAD: TaskResultStatus.FAILED,
     JobStatus.CANCELLED: TaskResultStatus.FAILED,
 }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseTaskResult(TaskResult):  # type: ignore[misc]
+    """django.tasks' ``TaskResult`` with the job's ``metadata`` (a dict; ``{}`` when the job
+    has none): what Django's coming API adds (django/new-features#141)."""
+
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def refresh(self) -> None:
+        TaskResult.refresh(self)  # explicit: zero-argument super() breaks with slots
+        fresh = self.task.get_backend().get_result(self.id)
+        object.__setattr__(self, "metadata", getattr(fresh, "metadata", {}))
+
+    async def arefresh(self) -> None:
+        await TaskResult.arefresh(self)
+        fresh = await self.task.get_backend().aget_result(self.id)
+        object.__setattr__(self, "metadata", getattr(fresh, "metadata", {}))
 
 
 def attempt_history(
@@ -168,13 +186,14 @@ def live_result(
     errors: Sequence[TaskError] = (),
     worker_ids: Sequence[str] = (),
     return_value: Any = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> TaskResult:
     """The django.tasks view of a job the caller holds in memory (no query).
 
     For a job just enqueued, and for the worker's ``task_started`` /
     ``task_finished`` signals and task contexts.
     """
-    result: TaskResult = TaskResult(
+    result: TaskResult = LeaseTaskResult(
         task=task,
         id=str(job_id),
         status=STATUS_TO_RESULT[JobStatus(status)],
@@ -187,6 +206,7 @@ def live_result(
         backend=backend,
         errors=list(errors),
         worker_ids=list(worker_ids),
+        metadata=dict(metadata or {}),
     )
     if status == JobStatus.SUCCEEDED:
         object.__setattr__(result, "_return_value", return_value)

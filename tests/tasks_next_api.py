@@ -41,3 +41,26 @@ def noop(value: int = 0) -> int:
 
 def undecorated() -> None:
     """Declared as a task by the tests themselves, with one spelling or another."""
+
+
+@task(takes_context=True, max_attempts=2, backoff={"base": 0, "factor": 1, "cap": 0, "jitter": 0})
+def count_runs(context: Any, fail_first: bool = False) -> int:
+    """Counts its runs in the job's metadata; the first attempt fails when asked (the
+    metadata it changed is saved when the attempt ends, success or not)."""
+    metadata = context.metadata
+    metadata["runs"] = metadata.get("runs", 0) + 1
+    if fail_first and context.attempt == 1:
+        raise ValueError("the first attempt fails")
+    return int(metadata["runs"])
+
+
+@task(takes_context=True)
+def save_midway(context: Any) -> Any:
+    """Saves its metadata during the run and returns what the row holds then."""
+    from django_leasejobs.models import Job
+
+    context.metadata["step"] = "saved"
+    context.save_metadata()
+    stored = Job.objects.get(pk=context.job_id).metadata
+    context.metadata["step"] = "done"
+    return stored

@@ -34,7 +34,7 @@ SHOWN = 4096
 """At most this many characters of a value are shown on an admin page (4 KiB of ASCII);
 a longer value is cut there, with its size and a download link."""
 
-JOB_JSON = ("args", "kwargs", "result", "checkpoint")
+JOB_JSON = ("args", "kwargs", "result", "checkpoint", "metadata")
 """The job's JSON columns the pages show (downloaded as JSON)."""
 JOB_TEXT = ("last_error", "progress_message")
 """The job's text columns the pages show (downloaded as text)."""

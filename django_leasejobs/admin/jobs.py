@@ -220,7 +220,15 @@ class JobAdmin(FilterSafeAdmin):
         ),
         (
             _("Arguments and results"),
-            {"fields": ("args_json", "kwargs_json", "result_json", "checkpoint_json")},
+            {
+                "fields": (
+                    "args_json",
+                    "kwargs_json",
+                    "result_json",
+                    "checkpoint_json",
+                    "metadata_json",
+                )
+            },
         ),
         (
             _("Attempts and lease"),
@@ -470,6 +478,10 @@ class JobAdmin(FilterSafeAdmin):
     @admin.display(description=_("checkpoint"))
     def checkpoint_json(self, job: Job) -> str:
         return self._json(job, "checkpoint")
+
+    @admin.display(description=_("metadata"))
+    def metadata_json(self, job: Job) -> str:
+        return self._json(job, "metadata")
 
     @admin.display(description=_("last error"))
     def last_error_display(self, job: Job) -> str:

@@ -53,7 +53,7 @@ from .finish import (
 from .flow import seconds_to_next_due
 from .operator import backend_database, cancel, retry
 from .reap import find_stale, reap
-from .renew import renew, save_checkpoint, set_progress
+from .renew import renew, save_checkpoint, save_metadata, set_progress
 from .rules import (
     MAX_ERROR_CLASS_LENGTH,
     MAX_ERROR_LENGTH,
@@ -126,6 +126,7 @@ __all__ = [
     "retry",
     "retry_deadlocks",
     "save_checkpoint",
+    "save_metadata",
     "seconds_to_next_due",
     "set_progress",
     "storable_text",

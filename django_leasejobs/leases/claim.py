@@ -273,6 +273,7 @@ def claimed_job(row: Sequence[Any]) -> ClaimedJob:
         last_attempted_at,
         snoozes,
         trace_context,
+        metadata,
     ) = row  # in CLAIM_COLUMNS order
     problems = []
     # Rows written by hand or by another program: a wrong JSON type must fail this job,
@@ -295,6 +296,7 @@ def claimed_job(row: Sequence[Any]) -> ClaimedJob:
             problems.append("retry_backoff " + "; ".join(backoff_problems(backoff)))
             backoff = None
     options = None if options is None else _json(options)
+    metadata = None if metadata is None else _json(metadata)
     return ClaimedJob(
         int(job_id),
         int(attempt),
@@ -315,6 +317,7 @@ def claimed_job(row: Sequence[Any]) -> ClaimedJob:
         as_datetime(last_attempted_at),
         int(snoozes),
         None if trace_context is None else _json(trace_context),
+        metadata if isinstance(metadata, dict) else None,
     )
 
 

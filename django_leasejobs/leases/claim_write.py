@@ -29,6 +29,7 @@ CLAIM_COLUMNS = (
     "last_attempted_at",
     "snoozes",
     "trace_context",
+    "metadata",
 )
 RETURNING = (*CLAIM_COLUMNS, "run_after")
 """What a claim reads back: ``run_after`` last, to put the rows back in claim order

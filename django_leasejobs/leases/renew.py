@@ -84,6 +84,20 @@ def save_checkpoint(
     )
 
 
+def save_metadata(
+    job_id: int, attempt: int, worker_id: str, data: dict[str, Any], *, using: str = "default"
+) -> None:
+    """Store the job's metadata (a JSON object), fenced on the attempt's lease."""
+    update_one(
+        dialect(using),
+        (job_id, attempt),
+        worker_id,
+        lambda value: f"metadata = {value('metadata')}",
+        {"metadata": json.dumps(data)},
+        "metadata",
+    )
+
+
 def set_progress(
     job_id: int,
     attempt: int,

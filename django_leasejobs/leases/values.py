@@ -49,6 +49,9 @@ class ClaimedJob:
     trace_context: Any = None
     """``Job.trace_context`` as stored (the enqueuer's W3C trace context, or None); read
     by ``tracing`` only, which never trusts its shape."""
+    metadata: dict[str, Any] | None = None
+    """``Job.metadata``: a JSON object, or None (a row holding anything else reads as
+    None)."""
 
     @property
     def lease(self) -> tuple[int, int]:
@@ -79,6 +82,7 @@ class ClaimedJob:
                 self.last_attempted_at,
                 self.snoozes,
                 self.trace_context,
+                self.metadata,
             ),
         )
 
@@ -202,6 +206,8 @@ class NewJob:
     concurrency or rate limit of its own (``limits``); None otherwise."""
     concurrency_limit: int | None = None
     rate_limit: str | None = None
+    metadata: dict[str, Any] | None = None
+    """The job's metadata (``using(metadata=...)``), or None."""
 
 
 @dataclass(frozen=True, slots=True)

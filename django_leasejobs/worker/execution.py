@@ -7,6 +7,8 @@ plain, picklable :class:`Outcome` (JSON result, or error class path + traceback)
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 import threading
 import time
@@ -14,6 +16,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from asgiref.sync import sync_to_async
 
 from ..compat import AnyTask, AnyTaskResult, TaskContext, TaskError
 from ..exceptions import InvalidTaskArguments, UnknownTask
@@ -24,6 +28,7 @@ from ..leases import (
     Failure,
     decide,
     save_checkpoint,
+    save_metadata,
     storable_text,
 )
 from ..models import AttemptOutcome, JobStatus
@@ -79,7 +84,7 @@ class JobContext(TaskContext):  # type: ignore[misc, type-arg]
 
     Besides django.tasks' ``task_result`` it offers ``job_id``, ``attempt`` (the
     attempt number, 1-based), ``worker_id``, ``set_progress()``, ``checkpoint`` /
-    ``save_checkpoint()`` and ``lease_lost``.
+    ``save_checkpoint()``, ``metadata`` / ``save_metadata()`` and ``lease_lost``.
     """
 
     job_id: int
@@ -87,6 +92,7 @@ class JobContext(TaskContext):  # type: ignore[misc, type-arg]
     worker_id: str
     database: str
     initial_checkpoint: Any = None
+    initial_metadata: dict[str, Any] | None = None
     progress_sink: ProgressSink | None = None
     lost_flag: threading.Event = field(default_factory=threading.Event)
     _state: dict[str, Any] = field(default_factory=dict)
@@ -134,6 +140,41 @@ class JobContext(TaskContext):  # type: ignore[misc, type-arg]
         )
         self._state["checkpoint"] = value
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The job's metadata (``using(metadata=...)``, as the last attempt saved it): a
+        dict the task may change; saved when the attempt ends, or by
+        :meth:`save_metadata` (Django's coming API, django/new-features#141)."""
+        if "metadata" not in self._state:
+            self._state["metadata"] = copy.deepcopy(self.initial_metadata or {})
+            self._state["metadata_saved"] = copy.deepcopy(self._state["metadata"])
+        metadata: dict[str, Any] = self._state["metadata"]
+        return metadata
+
+    def save_metadata(self) -> None:
+        """Store :attr:`metadata` now (JSON), fenced on this attempt's lease.
+
+        Raises ``LeaseLost`` when this attempt no longer owns the job."""
+        value = json_value(self.metadata, "metadata", using=self.database)
+        if not isinstance(value, dict):  # pragma: no cover - a dict stays a dict
+            raise TypeError("metadata must stay a dict")
+        save_metadata(self.job_id, self.attempt_number, self.worker_id, value, using=self.database)
+        self._state["metadata_saved"] = copy.deepcopy(value)
+
+    async def asave_metadata(self) -> None:
+        """:meth:`save_metadata` from async code."""
+        await sync_to_async(self.save_metadata)()
+
+    def save_changed_metadata(self) -> None:
+        """At the attempt's end: store :attr:`metadata` if the task changed it since it
+        was read or last saved. Never raises: a lease lost meanwhile, or a value that is
+        not JSON, leaves the stored metadata as it was."""
+        if "metadata" not in self._state:
+            return
+        with contextlib.suppress(Exception):
+            if self._state["metadata"] != self._state["metadata_saved"]:
+                self.save_metadata()
+
 
 def error_info(exc: BaseException) -> ErrorInfo:
     """How ``exc`` is stored. Never raises, whatever the exception does (a ``__str__``
@@ -175,6 +216,7 @@ def running_result(
         last_attempted_at=job.last_attempted_at,
         worker_ids=[worker_id],
         return_value=return_value,
+        metadata=job.metadata,
     )
 
 
@@ -206,51 +248,57 @@ def _attempt(
         task = resolve(job.task_path)
     except UnknownTask as exc:
         return Outcome(job.lease, ok=False, error=error_info(exc), verdict=NOT_RETRIED)
+    context: JobContext | None = None
     try:
-        if task.takes_context:
-            context = JobContext(
-                task_result=running_result(job, task, spec.backend, spec.worker_id),
-                job_id=job.id,
-                attempt_number=job.attempt,
-                worker_id=spec.worker_id,
-                database=spec.database,
-                initial_checkpoint=job.checkpoint,
-                progress_sink=progress_sink,
-                lost_flag=lost_flag or threading.Event(),
+        try:
+            if task.takes_context:
+                context = JobContext(
+                    task_result=running_result(job, task, spec.backend, spec.worker_id),
+                    job_id=job.id,
+                    attempt_number=job.attempt,
+                    worker_id=spec.worker_id,
+                    database=spec.database,
+                    initial_checkpoint=job.checkpoint,
+                    initial_metadata=job.metadata,
+                    progress_sink=progress_sink,
+                    lost_flag=lost_flag or threading.Event(),
+                )
+                value = task.call(context, *job.args, **job.kwargs)
+            else:
+                value = task.call(*job.args, **job.kwargs)
+            result = json_value(value, "the task's return value", using=spec.database)
+        except InvalidTaskArguments as exc:
+            # A return value that is not JSON will not become JSON on a retry.
+            return Outcome(
+                job.lease,
+                ok=False,
+                error=error_info(exc),
+                verdict=NOT_RETRIED,
+                duration=time.monotonic() - started,
             )
-            value = task.call(context, *job.args, **job.kwargs)
-        else:
-            value = task.call(*job.args, **job.kwargs)
-        result = json_value(value, "the task's return value", using=spec.database)
-    except InvalidTaskArguments as exc:
-        # A return value that is not JSON will not become JSON on a retry.
-        return Outcome(
-            job.lease,
-            ok=False,
-            error=error_info(exc),
-            verdict=NOT_RETRIED,
-            duration=time.monotonic() - started,
-        )
-    except BaseException as exc:  # KeyboardInterrupt and SystemExit too: the task's own
-        error = error_info(exc)
+        except BaseException as exc:  # KeyboardInterrupt and SystemExit too: the task's own
+            error = error_info(exc)
 
-        def failed_result() -> AnyTaskResult:
-            """The attempt's TaskResult as a ``backoff`` function sees it: FAILED, with
-            this attempt's error."""
-            result = running_result(
-                job, task, spec.backend, spec.worker_id, status=JobStatus.FAILED
+            def failed_result() -> AnyTaskResult:
+                """The attempt's TaskResult as a ``backoff`` function sees it: FAILED, with
+                this attempt's error."""
+                result = running_result(
+                    job, task, spec.backend, spec.worker_id, status=JobStatus.FAILED
+                )
+                result.errors.append(error_as_task_error(error))
+                return result
+
+            return Outcome(
+                job.lease,
+                ok=False,
+                error=error,
+                verdict=verdict(task, exc, job.attempt, failed_result),
+                duration=time.monotonic() - started,
             )
-            result.errors.append(error_as_task_error(error))
-            return result
-
-        return Outcome(
-            job.lease,
-            ok=False,
-            error=error,
-            verdict=verdict(task, exc, job.attempt, failed_result),
-            duration=time.monotonic() - started,
-        )
-    return Outcome(job.lease, ok=True, result=result, duration=time.monotonic() - started)
+        return Outcome(job.lease, ok=True, result=result, duration=time.monotonic() - started)
+    finally:
+        if context is not None:
+            context.save_changed_metadata()
 
 
 def attempt_failure(

@@ -112,3 +112,48 @@ def test_the_new_spellings_warn_nothing() -> None:
             tasks_next_api.undecorated
         )
         new_spelling.using(run_after=timedelta(seconds=1), priority=3)
+
+
+# -- metadata (django/new-features#141) ----------------------------------------------------
+
+
+def test_metadata_is_stored_at_enqueue_and_read_from_every_result() -> None:
+    from django_leasejobs.compat import task_backends
+
+    assert task_backends["default"].supports_metadata is True
+    result = tasks_next_api.noop.using(metadata={"trace_id": 123}).enqueue(1)
+    assert result.metadata == {"trace_id": 123}
+    assert Job.objects.get(pk=result.id).metadata == {"trace_id": 123}
+    assert tasks_next_api.noop.get_result(result.id).metadata == {"trace_id": 123}
+    assert tasks_next_api.noop.enqueue(2).metadata == {}  # none: an empty dict
+
+
+@pytest.mark.parametrize(
+    ("metadata", "needle"),
+    [([1, 2], "metadata must be a dict"), ({1: "x"}, "metadata must be a dict with string keys")],
+)
+def test_metadata_that_is_not_a_json_object_is_refused(metadata: object, needle: str) -> None:
+    with pytest.raises(InvalidTask, match=needle):
+        tasks_next_api.noop.using(metadata=metadata)
+
+
+def test_metadata_that_is_not_json_is_refused_at_enqueue() -> None:
+    with pytest.raises(exceptions.InvalidTaskArguments, match="metadata"):
+        tasks_next_api.noop.using(metadata={"when": object()}).enqueue()
+    assert not Job.objects.exists()
+
+
+def test_the_task_changes_its_metadata_and_it_is_saved_when_the_attempt_ends() -> None:
+    result = tasks_next_api.count_runs.using(metadata={"source": "test"}).enqueue(fail_first=True)
+    first, second = run_jobs(include_scheduled=True)
+    assert (first.status, second.status) == ("pending", "succeeded")
+    assert second.result == 2  # the failed attempt's change was kept
+    done = tasks_next_api.count_runs.get_result(result.id)
+    assert done.metadata == {"source": "test", "runs": 2}
+
+
+def test_save_metadata_stores_it_during_the_run() -> None:
+    result = tasks_next_api.save_midway.enqueue()
+    [run] = run_jobs()
+    assert run.result == {"step": "saved"}
+    assert tasks_next_api.save_midway.get_result(result.id).metadata == {"step": "done"}
