@@ -219,13 +219,17 @@ class LeaseTask(Task):  # type: ignore[misc]
         """A copy with changed defaults; also takes this backend's per-task options.
 
         ``run_after`` may be a ``timedelta``: the job then runs that long after it is
-        enqueued. ``timeout`` and ``retry_backoff`` are deprecated here: Django's coming
-        API sets them in ``@task`` only."""
-        for name, value in (("timeout", timeout), ("retry_backoff", retry_backoff)):
+        enqueued. ``timeout``, ``max_attempts`` and ``retry_backoff`` are deprecated here:
+        Django's coming API sets them in ``@task`` only."""
+        for name, value in (
+            ("timeout", timeout),
+            ("retry_backoff", retry_backoff),
+            ("max_attempts", max_attempts),
+        ):
             if value is not _UNSET:
                 warnings.warn(
                     f"using({name}=...) is deprecated: set it in @task(...) (Django's coming "
-                    "task API takes timeout and backoff there only).",
+                    "task API takes timeout, max_attempts and backoff there only).",
                     DeprecationWarning,
                     stacklevel=2,
                 )

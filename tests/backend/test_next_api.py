@@ -65,9 +65,9 @@ def test_retry_backoff_still_works_with_a_deprecation_warning() -> None:
         task(backoff={"base": 1}, retry_backoff={"base": 2})(tasks_next_api.undecorated)
 
 
-@pytest.mark.parametrize("option", ["timeout", "retry_backoff"])
-def test_timeout_and_backoff_in_using_are_deprecated(option: str) -> None:
-    value = 5 if option == "timeout" else {"base": 1, "factor": 1, "cap": 1, "jitter": 0}
+@pytest.mark.parametrize("option", ["timeout", "retry_backoff", "max_attempts"])
+def test_timeout_max_attempts_and_backoff_in_using_are_deprecated(option: str) -> None:
+    value = {"base": 1, "factor": 1, "cap": 1, "jitter": 0} if option == "retry_backoff" else 5
     with pytest.warns(DeprecationWarning, match=rf"using\({option}=\.\.\.\) is deprecated"):
         changed = tasks_next_api.noop.using(**{option: value})
     assert getattr(changed, option) in (5, Backoff(base=1, factor=1, cap=1, jitter=0))
