@@ -34,7 +34,7 @@ from .exceptions import InvalidTaskArguments
 from .lease_task import LeaseTask
 from .leases import NewJob
 from .limits import key_group, task_group
-from .models import ACTIVE_STATUSES, Job, JobAttempt, JobStatus
+from .models import ACTIVE_STATUSES, APP_LABEL, Job, JobAttempt, JobStatus
 from .results import STATUS_TO_RESULT, LeaseTaskResult, attempt_history, task_as_enqueued
 from .retry import Backoff
 from .serialization import json_arguments, json_value
@@ -130,6 +130,13 @@ class _CheckedTask:
 _CHECKED_TASKS_MAX = 1024
 
 
+def _app_missing(alias: str) -> str:
+    return (
+        f"TASKS[{alias!r}] uses the LeaseJobs backend, but {APP_LABEL!r} is not in "
+        "INSTALLED_APPS: its tables, admin and commands (runworker, ...) are missing."
+    )
+
+
 class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
     """Jobs in the database, run by ``manage.py runworker`` under row leases."""
 
@@ -149,6 +156,8 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         self.problems: list[Problem]
         self.config, self.problems = parse_options(params.get("OPTIONS", {}))
         self._checked_tasks: dict[int, _CheckedTask] = {}
+        self._app_installed = False
+        """``django_leasejobs`` was found in ``INSTALLED_APPS`` (looked up until it is)."""
         if self.config.database not in settings.DATABASES:
             self.problems.append(
                 Problem(
@@ -164,7 +173,9 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         return self.config.database
 
     def require_valid_config(self) -> None:
-        """Raise ImproperlyConfigured if the OPTIONS have errors (checks report them too)."""
+        """Raise ImproperlyConfigured if the app is not installed (check ``E008``) or the
+        OPTIONS have errors (checks report them too)."""
+        self.require_app_installed()
         errors = [p for p in self.problems if not p.warning]
         if errors:
             raise ImproperlyConfigured(
@@ -172,15 +183,31 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
                 + " ".join(f"[{p.id}] {p.msg}" for p in errors)
             )
 
+    def require_app_installed(self) -> None:
+        """Raise ImproperlyConfigured, naming the fix, when ``django_leasejobs`` is not in
+        ``INSTALLED_APPS``: before any query, which would fail on a table that ``migrate``
+        never created (it only migrates installed apps)."""
+        if self._app_installed:
+            return
+        if not apps.is_installed(APP_LABEL):
+            raise ImproperlyConfigured(
+                f"[{E_APP_NOT_INSTALLED}] {_app_missing(self.alias)} Add {APP_LABEL!r} to "
+                'INSTALLED_APPS and run "manage.py migrate".'
+            )
+        self._app_installed = True
+
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """Run by Django's tasks system check (and the backport's) for every backend."""
+        """Run by Django's tasks system check (and the backport's) for every backend.
+
+        It is what reports ``E008`` (the app not installed): this app's own checks are
+        registered by its ``AppConfig.ready()``, which then never runs. The module imports
+        without the app (the models name their app label), so the check can run."""
         messages = list(super().check(**kwargs))
-        if not apps.is_installed("django_leasejobs"):
+        if not apps.is_installed(APP_LABEL):
             messages.append(
                 checks.Error(
-                    f"TASKS[{self.alias!r}] uses the LeaseJobs backend, but 'django_leasejobs' "
-                    "is not in INSTALLED_APPS: its tables, admin and commands are missing.",
-                    hint="Add 'django_leasejobs' to INSTALLED_APPS and run migrate.",
+                    _app_missing(self.alias),
+                    hint=f"Add {APP_LABEL!r} to INSTALLED_APPS and run migrate.",
                     obj=f"TASKS[{self.alias!r}]",
                     id=E_APP_NOT_INSTALLED,
                 )
@@ -475,6 +502,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         )
 
     def get_result(self, result_id: str) -> TaskResult:
+        self.require_app_installed()
         try:
             job_id = int(result_id)
         except (TypeError, ValueError):

@@ -9,6 +9,12 @@ from django.utils.translation import gettext_lazy as _
 from .functions import DatabaseNow
 from .limits import KEY_GROUP
 
+APP_LABEL = "django_leasejobs"
+"""Every model names its app, so that this module imports (and the backend with it) in a
+process where the app is not in ``INSTALLED_APPS``: the backend's ``check()`` then reports
+``leasejobs.E008`` and ``enqueue()`` names the fix, instead of Django's "doesn't declare an
+explicit app_label" error. It is the label the app has when installed."""
+
 MIN_PRIORITY = -100
 MAX_PRIORITY = 100
 
@@ -159,6 +165,7 @@ class Job(models.Model):
     objects = JobQuerySet.as_manager()
 
     class Meta:
+        app_label = APP_LABEL
         db_table = "leasejobs_job"
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
@@ -253,6 +260,7 @@ class QueueDashboard(Job):
     """Proxy that gives the admin's queue dashboard its place in the app's model list."""
 
     class Meta:
+        app_label = APP_LABEL
         proxy = True
         verbose_name = _("queue dashboard")
         verbose_name_plural = _("queue dashboard")
@@ -280,6 +288,7 @@ class JobAttempt(models.Model):
     finished_at = models.DateTimeField(db_default=DatabaseNow())
 
     class Meta:
+        app_label = APP_LABEL
         db_table = "leasejobs_attempt"
         verbose_name = _("job attempt")
         verbose_name_plural = _("job attempts")
@@ -323,6 +332,7 @@ class Worker(models.Model):
     )
 
     class Meta:
+        app_label = APP_LABEL
         db_table = "leasejobs_worker"
         verbose_name = _("worker")
         verbose_name_plural = _("workers")
@@ -363,6 +373,7 @@ class Schedule(models.Model):
     updated_at = models.DateTimeField(db_default=DatabaseNow())
 
     class Meta:
+        app_label = APP_LABEL
         db_table = "leasejobs_schedule"
         verbose_name = _("schedule")
         verbose_name_plural = _("schedules")
@@ -394,6 +405,7 @@ class ScheduleRun(models.Model):
     enqueued_at = models.DateTimeField(db_default=DatabaseNow())
 
     class Meta:
+        app_label = APP_LABEL
         db_table = "leasejobs_schedule_run"
         verbose_name = _("schedule run")
         verbose_name_plural = _("schedule runs")
@@ -422,6 +434,7 @@ class Queue(models.Model):
     changed_at = models.DateTimeField(db_default=DatabaseNow())
 
     class Meta:
+        app_label = APP_LABEL
         db_table = "leasejobs_queue"
         verbose_name = _("queue")
         verbose_name_plural = _("queues")
@@ -444,6 +457,7 @@ class FlowLock(models.Model):
     claims = models.BigIntegerField(default=0)
 
     class Meta:
+        app_label = APP_LABEL
         db_table = "leasejobs_flow_lock"
         verbose_name = _("flow lock")
         verbose_name_plural = _("flow locks")
@@ -461,6 +475,7 @@ class RateStart(models.Model):
     started_at = models.DateTimeField(db_default=DatabaseNow())
 
     class Meta:
+        app_label = APP_LABEL
         db_table = "leasejobs_rate_start"
         verbose_name = _("rate-limited start")
         verbose_name_plural = _("rate-limited starts")

@@ -6,4 +6,17 @@ class TestsConfig(AppConfig):
 
     name = "tests"
     label = "tests"
+    default = True
     default_auto_field = "django.db.models.BigAutoField"
+
+
+class TasksAtStartConfig(TestsConfig):
+    """The same app, importing its tasks when the apps are ready, as a site's app does
+    whose signal handlers enqueue (``tests/settings_app_missing_tasks.py``). On Django 6
+    that import is what registers Django's tasks system check (``django.tasks``
+    registers it when imported), which runs each backend's ``check()``."""
+
+    default = False
+
+    def ready(self) -> None:
+        from . import tasks  # noqa: F401

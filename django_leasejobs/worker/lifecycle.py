@@ -21,6 +21,7 @@ from ..conf import Options
 from ..functions import DatabaseNow
 from ..models import Worker as WorkerRow
 from ..models import WorkerState
+from ..schema import wait_until_ready
 
 logger = logging.getLogger("django_leasejobs")
 
@@ -54,6 +55,32 @@ def harden_connections(options: Options, database: str) -> None:
         options_dict = settings_dict.setdefault("OPTIONS", {})
         for key, value in defaults.items():
             options_dict.setdefault(key, value)
+
+
+def wait_for_database(options: Options, database: str, wait: float) -> None:
+    """Before any worker starts (once, before ``--processes`` forks): the database is
+    reached within ``wait`` seconds and has this app's migrations and tables.
+
+    Raises ``schema.DatabaseUnreachable`` (tried for ``wait`` seconds) or
+    ``schema.SchemaNotReady`` (at once); each failed try is logged. The connection it used
+    is closed: nothing crosses a fork. Once started, a worker rides out an outage instead.
+    """
+    harden_connections(options, database)
+
+    def retrying(attempt: int, pause: float, error: DatabaseError) -> None:
+        detail = " ".join(str(error).split()) or type(error).__name__
+        logger.warning(
+            "database %r cannot be reached at start (attempt %d), trying again in %.1f s "
+            "(for up to %.0f s): %s",
+            database,
+            attempt,
+            pause,
+            wait,
+            detail,
+            extra={"database": database, "attempt": attempt, "error": detail},
+        )
+
+    wait_until_ready(database, wait, on_retry=retrying)
 
 
 @dataclass(frozen=True, slots=True)

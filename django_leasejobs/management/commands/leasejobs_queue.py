@@ -20,7 +20,7 @@ from django.db import DatabaseError
 from ...backend import LeaseJobsBackend
 from ...conf import MAX_QUEUE_NAME
 from ...queues import QueueView, overview, pause, resume
-from ..backends import get_leasejobs_backend
+from ..backends import database_failure, get_leasejobs_backend
 
 
 def queue_name(value: str) -> str:
@@ -81,9 +81,7 @@ class Command(BaseCommand):
             else:
                 self._change(backend, options["name"], paused=options["action"] == "pause")
         except DatabaseError as exc:
-            detail = " ".join(str(exc).split())
-            message = f"database {backend.database!r} unreachable or failing: {detail}".strip()
-            raise CommandError(message, returncode=2) from exc
+            raise database_failure(backend, exc) from exc
 
     def _change(self, backend: LeaseJobsBackend, name: str, *, paused: bool) -> None:
         self._require_known(backend, name)

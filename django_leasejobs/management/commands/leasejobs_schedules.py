@@ -23,7 +23,7 @@ from ...schedules import UnknownSchedule, overview, run_now
 from ...schedules.scheduler import run_pass
 from ...schedules.transitions import EnqueuedRun
 from ...templatetags.leasejobs_admin import seconds
-from ..backends import get_leasejobs_backend
+from ..backends import database_failure, get_leasejobs_backend
 
 
 def iso(value: datetime | None) -> str | None:
@@ -75,9 +75,7 @@ class Command(BaseCommand):
             else:
                 self._list(backend, options["json"])
         except DatabaseError as exc:
-            detail = " ".join(str(exc).split())
-            message = f"database {backend.database!r} unreachable or failing: {detail}".strip()
-            raise CommandError(message, returncode=2) from exc
+            raise database_failure(backend, exc) from exc
 
     def _run(self, backend: LeaseJobsBackend, name: str, as_json: bool) -> None:
         try:

@@ -23,7 +23,7 @@ from ...schedules import ScheduleView, overview
 from ...stats import Health, collect, online_window
 from ...templatetags.leasejobs_admin import percent, seconds
 from ..argtypes import non_negative_int, non_negative_seconds
-from ..backends import get_leasejobs_backend
+from ..backends import database_failure, get_leasejobs_backend
 
 
 class Command(BaseCommand):
@@ -81,9 +81,7 @@ class Command(BaseCommand):
             )
             paused = [view for view in queue_overview(backend.alias) if view.paused]
         except DatabaseError as exc:
-            raise CommandError(
-                f"database {backend.database!r} unreachable or failing: {exc}".strip(), returncode=2
-            ) from exc
+            raise database_failure(backend, exc) from exc
         problems = self._problems(health, overdue, options)
         if options["json"]:
             payload = health.as_dict()

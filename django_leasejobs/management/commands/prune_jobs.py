@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError
 
 from ...pruning import parse_age, prune, statuses_for
 from ..argtypes import positive_int
-from ..backends import get_leasejobs_backend
+from ..backends import database_failure, get_leasejobs_backend
 
 
 class Command(BaseCommand):
@@ -58,9 +58,7 @@ class Command(BaseCommand):
                 using=backend.database,
             )
         except DatabaseError as exc:
-            detail = " ".join(str(exc).split())
-            message = f"database {backend.database!r} unreachable or failing: {detail}".strip()
-            raise CommandError(message, returncode=2) from exc
+            raise database_failure(backend, exc) from exc
         if result.dry_run:
             statuses = ",".join(statuses_for(options["include_failed"]))
             self.stdout.write(

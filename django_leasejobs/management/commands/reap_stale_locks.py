@@ -12,7 +12,7 @@ from django.db import DatabaseError, close_old_connections
 from ... import leases
 from ...reaper import reap_once
 from ..argtypes import non_negative_seconds, positive_seconds
-from ..backends import get_leasejobs_backend
+from ..backends import database_failure, get_leasejobs_backend
 
 
 class Command(BaseCommand):
@@ -67,10 +67,10 @@ class Command(BaseCommand):
             try:
                 self._one_pass(backend.alias, backend.database, age, options["dry_run"])
             except DatabaseError as exc:
-                message = f"database {backend.database!r} unreachable or failing: {exc}".strip()
+                failure = database_failure(backend, exc)
                 if not options["loop"]:
-                    raise CommandError(message, returncode=2) from exc
-                self.stderr.write(message)
+                    raise failure from exc
+                self.stderr.write(str(failure))
                 close_old_connections()
             if not options["loop"] or stop.wait(interval):
                 return

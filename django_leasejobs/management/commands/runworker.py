@@ -10,10 +10,12 @@ from typing import Any
 from django.core.checks import Tags
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 from django.utils import autoreload
 
 from ...logs import install_default_handler
-from ...worker import Supervisor, Worker, WorkerConfig
+from ...schema import DEFAULT_DATABASE_WAIT, DatabaseUnreachable, SchemaNotReady
+from ...worker import Supervisor, Worker, WorkerConfig, wait_for_database
 from ..argtypes import non_negative_int, non_negative_seconds, positive_int
 from ..backends import get_leasejobs_backend
 
@@ -162,11 +164,43 @@ class Command(BaseCommand):
             "HOST is given); needs the django-leasejobs[prometheus] extra. Off by default.",
         )
         parser.add_argument(
+            "--wait-for-database",
+            type=non_negative_seconds,
+            default=DEFAULT_DATABASE_WAIT,
+            metavar="SECONDS",
+            help="At start, try this long to reach the database before exiting with status 2 "
+            f"(default: {DEFAULT_DATABASE_WAIT:.0f}; 0: one try). A database without this "
+            "app's migrations ends the command at once, whatever this says.",
+        )
+        parser.add_argument(
             "--reload",
             action="store_true",
             help="Development: restart the worker when Python code changes (running jobs "
             "are stopped abruptly and re-run after their lease expires).",
         )
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        self._options = options
+        return super().execute(*args, **options)
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().check(*args, **kwargs)
+        except DatabaseError:
+            # Django 6's model checks ask a MySQL/MariaDB server for its version: the
+            # database is down. Wait for it as the worker would, then check again.
+            self._wait_for_database(self._options)
+            super().check(*args, **kwargs)
+
+    def _wait_for_database(self, options: dict[str, Any]) -> None:
+        """A database nobody migrated ends the command at once (with --burst too), one
+        that cannot be reached after --wait-for-database seconds of trying; exit code 2."""
+        install_default_handler(options["log_level"], options["log_format"])
+        backend = get_leasejobs_backend(options["backend"])
+        try:
+            wait_for_database(backend.config, backend.database, options["wait_for_database"])
+        except (SchemaNotReady, DatabaseUnreachable) as exc:
+            raise CommandError(str(exc), returncode=2) from exc
 
     def handle(self, *args: Any, **options: Any) -> None:
         install_default_handler(options["log_level"], options["log_format"])
@@ -200,6 +234,9 @@ class Command(BaseCommand):
                         f"or {flag} (for metrics of several workers, start one runworker "
                         "per --metrics-port)"
                     )
+        # Once, here, before any slot is forked, thread started or worker forked.
+        self._wait_for_database(options)
+        if processes > 1:
             code = Supervisor(config, processes).run()
             if code:
                 raise CommandError(f"a worker exited with status {code}", returncode=code)
