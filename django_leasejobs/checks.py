@@ -22,6 +22,7 @@ from .conf import (
     E_UNKNOWN_DATABASE,
     E_UNKNOWN_LIMITED_QUEUE,
     E_UNKNOWN_LISTEN_DATABASE,
+    W_FOREIGN_DATABASE_OPTION,
     Options,
     parse_options,
 )
@@ -35,6 +36,27 @@ from .schedule_spec import (
 )
 
 SQLITE_MIN = (3, 35, 0)  # UPDATE ... RETURNING
+
+# DATABASES[...]["OPTIONS"] keys of SQLite (Django's SQLite backend pops transaction_mode
+# and init_command, 5.1+; the others are sqlite3.connect()'s arguments), with the other
+# supported vendors that take them too. Django hands the rest of OPTIONS to the driver
+# when it first connects, not at `check`: PostgreSQL (libpq, through psycopg) refuses an
+# unknown key ('invalid connection option "transaction_mode"'), MySQL and MariaDB
+# (mysqlclient, PyMySQL) an unexpected keyword argument. MySQL's init_command is its own.
+SQLITE_OPTIONS: dict[str, frozenset[str]] = {
+    "transaction_mode": frozenset(),
+    "init_command": frozenset({"mysql"}),
+    "timeout": frozenset(),
+    "detect_types": frozenset(),
+    "check_same_thread": frozenset(),
+    "cached_statements": frozenset(),
+}
+VENDOR_NAMES = {"postgresql": "PostgreSQL", "mysql": "MySQL/MariaDB"}
+# What the first connection then fails with, by vendor.
+VENDOR_REFUSALS = {
+    "postgresql": 'invalid connection option "{key}"',
+    "mysql": "a TypeError: the driver takes no '{key}' argument",
+}
 
 
 def leasejobs_backends() -> list[tuple[str, dict[str, Any]]]:
@@ -185,6 +207,37 @@ def _limited_queue_messages(
     return found
 
 
+def foreign_database_options(vendor: str, options: Any) -> list[str]:
+    """The keys of a database's ``OPTIONS`` that are SQLite's and that ``vendor``'s driver
+    refuses when Django connects (only PostgreSQL and MySQL/MariaDB are judged)."""
+    if vendor not in VENDOR_NAMES or not isinstance(options, dict):
+        return []
+    return [key for key in options if key in SQLITE_OPTIONS and vendor not in SQLITE_OPTIONS[key]]
+
+
+def _database_options_messages(aliases: Iterable[str]) -> list[checks.CheckMessage]:
+    """``leasejobs.W006``: SQLite options on the backends' PostgreSQL or MySQL databases,
+    which pass ``check`` and fail the first query."""
+    found = []
+    for alias in aliases:
+        vendor = connections[alias].vendor
+        engine = VENDOR_NAMES.get(vendor, vendor)
+        for key in foreign_database_options(vendor, settings.DATABASES[alias].get("OPTIONS")):
+            found.append(
+                _message(
+                    W_FOREIGN_DATABASE_OPTION,
+                    f"DATABASES[{alias!r}]['OPTIONS'] has {key!r}, an SQLite option, on a "
+                    f"{engine} database, whose driver refuses it: the first query will fail "
+                    f"({VENDOR_REFUSALS[vendor].format(key=key)}).",
+                    f"Remove OPTIONS[{key!r}] from DATABASES[{alias!r}]: it is an SQLite "
+                    "option (keep it in the settings of an SQLite database only).",
+                    True,
+                    f"DATABASES[{alias!r}]",
+                )
+            )
+    return found
+
+
 def _message(problem_id: str, msg: str, hint: str, warning: bool, obj: str) -> checks.CheckMessage:
     kind = checks.Warning if warning else checks.Error
     return kind(msg, hint=hint or None, obj=obj, id=problem_id)
@@ -197,6 +250,7 @@ def check_backends(
     **kwargs: Any,
 ) -> Iterable[checks.CheckMessage]:
     messages: list[checks.CheckMessage] = []
+    databases_used: dict[str, None] = {}  # the backends' database aliases, in order, once
     for alias, params in leasejobs_backends():
         obj = f"TASKS[{alias!r}]"
         raw = params.get("OPTIONS", {})
@@ -227,6 +281,10 @@ def check_backends(
                 )
             )
             continue
+        databases_used[options.database] = None
+        listen = options.listen_database
+        if listen is not None and listen in settings.DATABASES:
+            databases_used[listen] = None
         # Vendor support is known without a connection. Server versions (MySQL/MariaDB
         # only; PostgreSQL needs nothing and SQLite's version is the library's) are looked
         # at when the check run includes database checks, as Django's own MySQL checks do.
@@ -245,6 +303,7 @@ def check_backends(
                         obj,
                     )
                 )
+    messages.extend(_database_options_messages(databases_used))
     return messages
 
 

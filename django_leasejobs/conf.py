@@ -41,6 +41,7 @@ W_LEASE_TOO_SHORT = "leasejobs.W002"
 W_POLL_TOO_FAST = "leasejobs.W003"
 W_HEARTBEAT_TOO_FAST = "leasejobs.W004"
 W_IDLE_POLL_BELOW_POLL = "leasejobs.W005"
+W_FOREIGN_DATABASE_OPTION = "leasejobs.W006"
 
 MAX_SECONDS = 2_147_483.647
 """Longest duration of any option: 2**31 - 1 milliseconds (about 24.8 days).

@@ -563,19 +563,45 @@ def build(ctx: Context) -> int:
     return run([tools / "bin" / "python", REPO / ".ci" / "check_dist.py", ctx.dist])
 
 
+def side_by_side(
+    commands: Mapping[str, Sequence[str | Path]], env: Mapping[str, str | None], cwd: Path
+) -> int:
+    """Run the commands at once, each one's output to a log of its own, printed whole once
+    they all ended; the status is the first non-zero one (0 when all passed)."""
+    merged = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+    started: list[tuple[str, subprocess.Popen[bytes], Path, float]] = []
+    for label, argv in commands.items():
+        log = cwd / f"{label}.log"
+        print(f"{label}: {' '.join(map(str, argv))}  (output: {log})", flush=True)
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [str(a) for a in argv], cwd=cwd, env=merged, stdout=out, stderr=subprocess.STDOUT
+            )
+        started.append((label, process, log, time.monotonic()))
+    statuses = []
+    for label, process, log, began in started:
+        status = process.wait()
+        took = time.monotonic() - began
+        header(f"{label}: exit {status} after {took:.0f}s (it ran beside the others)")
+        print(log.read_text(errors="replace"), end="", flush=True)
+        statuses.append(status)
+    return next((status for status in statuses if status), 0)
+
+
 def wheel_smoke(ctx: Context, python: str, name: str) -> int:
     """Install the wheel of the `build` step (not editable, with the postgres extra) into a
-    fresh virtualenv, then run the quickstart of docs/quickstart.md in a brand-new project
-    with that interpreter and a worker until its job succeeds (tests/quickstart.py). Run
-    from the work directory with no PYTHONPATH, so nothing of the checkout but that script
-    is in reach: the project imports the installed wheel."""
-    venv, site = ctx.work / f"venv-wheel-{name}", ctx.work / f"quickstart-{name}"
+    fresh virtualenv, then run the quickstart of docs/quickstart.md in brand-new projects
+    with that interpreter and a worker until its job succeeds (tests/quickstart.py): with
+    SQLite, and beside it with PostgreSQL (CI_LOCAL_PG_URL's server, in a database of this
+    run that the script creates and drops). Run from the work directory with no
+    PYTHONPATH, so nothing of the checkout but that script is in reach: the project
+    imports the installed wheel."""
+    venv = ctx.work / f"venv-wheel-{name}"
     wheels = sorted(ctx.dist.glob("*.whl"))
     if not wheels:
         print(f"!! no wheel in {ctx.dist} (the build step failed)", file=sys.stderr, flush=True)
         return 1
     shutil.rmtree(venv, ignore_errors=True)
-    shutil.rmtree(site, ignore_errors=True)
     if run([python, "-m", "venv", venv]):
         return 1
     if run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", f"{wheels[0]}[postgres]"]):
@@ -593,14 +619,27 @@ def wheel_smoke(ctx: Context, python: str, name: str) -> int:
     if run([venv / "bin" / "python", "-I", "-c", show], env=bare, cwd=ctx.work):
         return 1
     quickstart = [python, REPO / "tests" / "quickstart.py", "--python", venv / "bin" / "python"]
-    return run([*quickstart, "--workdir", site], env=bare, cwd=ctx.work)
+    server = ctx.pg_url()
+    runs: dict[str, list[str | Path]] = {}
+    for variant in ("sqlite", "postgresql") if server else ("sqlite",):
+        site = ctx.work / f"quickstart-{name}-{variant}"
+        shutil.rmtree(site, ignore_errors=True)
+        runs[f"quickstart-{name}-{variant}"] = [*quickstart, "--workdir", site]
+    if server:
+        database = f"leasejobs_quickstart_{name}_{os.getpid()}"  # this run's, created and dropped
+        url = urlsplit(server)._replace(path=f"/{database}").geturl()
+        runs[f"quickstart-{name}-postgresql"] += ["--database", url]
+    status = side_by_side(runs, env=bare, cwd=ctx.work)
+    if not server:
+        raise NotRun(f"no PostgreSQL at {LOCAL_PG_URL}: the quickstart ran with SQLite only")
+    return status
 
 
 @step(
     "wheel-dj6",
     lambda ctx: (
         f"packaging: the wheel in a fresh py{ctx.new_version} venv (Django 6): "
-        "tests/quickstart.py job"
+        "tests/quickstart.py job, SQLite and PostgreSQL side by side"
     ),
 )
 def wheel_dj6(ctx: Context) -> int:
@@ -609,7 +648,8 @@ def wheel_dj6(ctx: Context) -> int:
 
 @step(
     "wheel-dj52",
-    "packaging: the wheel in a fresh py3.11 venv (Django 5.2 + backport): tests/quickstart.py job",
+    "packaging: the wheel in a fresh py3.11 venv (Django 5.2 + backport): tests/quickstart.py "
+    "job, SQLite and PostgreSQL side by side",
 )
 def wheel_dj52(ctx: Context) -> int:
     return wheel_smoke(ctx, needs(ctx.py311, "3.11"), "py311")

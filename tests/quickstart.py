@@ -1,6 +1,8 @@
 """Follow docs/quickstart.md in a brand-new project, as a user would; exit 0 when its job ran.
 
     python tests/quickstart.py --python /path/to/venv/bin/python --workdir /tmp/site
+    python tests/quickstart.py --python ... --workdir ... \
+        --database postgres://postgres@127.0.0.1:5432/quickstart_private
 
 The interpreter must have django-leasejobs installed (editable or from a wheel); the
 script itself needs only the standard library. Every fenced block of the guide is
@@ -10,7 +12,10 @@ block this script does not run or knowingly skip:
     <!-- quickstart: run -->                    each command line of a bash block
     <!-- quickstart: start -->                  a long-running command (the worker), stopped
                                                 with SIGTERM at the end; it must exit 0
-    <!-- quickstart: append PATH [if django<6 | if django>=6] -->
+    <!-- quickstart: append PATH [if CONDITION] -->
+                                                CONDITION: django<6, django>=6 (the given
+                                                interpreter's Django), database=sqlite,
+                                                database=postgresql (the --database variant)
     <!-- quickstart: write PATH -->             the block becomes the file
     <!-- quickstart: python [until "TEXT"] -->  run in one shared `manage.py shell`
                                                 namespace, in order; with `until`, run
@@ -19,7 +24,13 @@ block this script does not run or knowingly skip:
     <!-- quickstart: skip (why) -->             not run (installing, crontab lines)
 
 `python` and `django-admin` in commands are the given interpreter. The project's
-database is the SQLite file `startproject` configures.
+database is the SQLite file `startproject` configures, or with `--database URL`
+(`postgres://USER[:PASSWORD]@HOST[:PORT]/NAME`; a Unix socket directory as `?host=/dir`)
+the guide's PostgreSQL variant: the script creates the database NAME (which must not
+exist), gives every command the guide's PG* variables for it (PGHOST, PGPORT, PGUSER,
+PGPASSWORD, PGDATABASE) and drops the database at the end. It creates and drops it with
+the given interpreter's psycopg (the `postgres` extra), connected to the server's
+`postgres` database.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GUIDE = REPO_ROOT / "docs" / "quickstart.md"
@@ -44,7 +56,29 @@ FENCE = re.compile(r"^\s*(?P<fence>```|~~~)")
 UNTIL_SECONDS = 90
 STOP_SECONDS = 60
 # What the parent environment may carry that a brand-new project must not inherit.
-SCRUBBED = ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PYTHONPATH", "PYTHONSTARTUP")
+SCRUBBED = (
+    "DJANGO_SETTINGS_MODULE",
+    "DATABASE_URL",
+    "PYTHONPATH",
+    "PYTHONSTARTUP",
+    *("PGHOST", "PGHOSTADDR", "PGPORT", "PGUSER", "PGPASSWORD", "PGDATABASE", "PGSERVICE"),
+)
+DATABASES = ("sqlite", "postgresql")
+CONDITION = re.compile(r"(?:django(?P<django><6|>=6)|database=(?P<database>sqlite|postgresql))")
+
+# Runs with the given interpreter: create (or drop) the --database database, connected to
+# the server's `postgres` database with the PG* variables of the environment.
+ADMIN_SQL = """
+import sys
+import psycopg
+from psycopg import sql
+action, name = sys.argv[1:]
+with psycopg.connect(dbname="postgres", autocommit=True) as connection:
+    if action == "create":
+        connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    else:
+        connection.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+"""
 
 # Runs inside `manage.py shell -c`: the guide's python blocks in one namespace.
 DRIVER = """
@@ -70,7 +104,8 @@ for number, block in enumerate(blocks, 1):
                   f"{block['until']!r} in its output after {block['seconds']} s")
             sys.exit(1)
         time.sleep(0.5)
-print("quickstart: every python block ran")
+from django.db import connection
+print(f"quickstart: every python block ran (database: {connection.vendor})")
 """
 
 
@@ -86,6 +121,7 @@ class Step:
     path: str | None = None
     django: str | None = None  # "<6" or ">=6": the append applies on that Django line only
     until: str | None = None
+    database: str | None = None  # "sqlite" or "postgresql": only in that variant
 
 
 def parse(text: str) -> list[Step]:
@@ -134,9 +170,17 @@ def _step(body: str, code: str, line: int) -> Step:
     if kind == "skip" and rest.startswith("("):
         return Step(kind, code, line)
     if kind in ("append", "write"):
-        match = re.fullmatch(r"(?P<path>[\w./-]+)(?: if django(?P<django><6|>=6))?", rest)
-        if match and not (kind == "write" and match["django"]):
-            return Step(kind, code, line, path=match["path"], django=match["django"])
+        match = re.fullmatch(r"(?P<path>[\w./-]+)(?: if (?P<condition>.+))?", rest)
+        condition = CONDITION.fullmatch(match["condition"] or "") if match else None
+        if match and not (match["condition"] and (kind == "write" or condition is None)):
+            return Step(
+                kind,
+                code,
+                line,
+                path=match["path"],
+                django=condition["django"] if condition else None,
+                database=condition["database"] if condition else None,
+            )
     if kind == "python":
         match = re.fullmatch(r'(?:until "(?P<until>[^"]+)")?', rest)
         if match:
@@ -153,10 +197,64 @@ def command(line: str, python: str) -> list[str]:
     return argv
 
 
-def follow(steps: list[Step], python: str, workdir: Path) -> None:
+@dataclass(frozen=True)
+class Database:
+    """The variant the guide is followed in: startproject's SQLite, or a PostgreSQL."""
+
+    vendor: str  # sqlite | postgresql
+    env: dict[str, str]  # the PG* variables of the guide's PostgreSQL settings
+    name: str = ""
+
+
+def database_from_url(url: str | None) -> Database:
+    if not url or url == "sqlite":
+        return Database("sqlite", {})
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql", "pgsql"):
+        raise GuideError(f"--database {url!r}: not sqlite nor a postgres:// URL")
+    name = unquote(parts.path.lstrip("/"))
+    if not name or "/" in name:
+        raise GuideError(f"--database {url!r}: name one database (postgres://.../NAME)")
+    host = parse_qs(parts.query).get("host", [parts.hostname or ""])[0]
+    values = {
+        "PGHOST": host,
+        "PGPORT": str(parts.port or ""),
+        "PGUSER": unquote(parts.username or ""),
+        "PGPASSWORD": unquote(parts.password or ""),
+        "PGDATABASE": name,
+    }
+    return Database("postgresql", {k: v for k, v in values.items() if v}, name)
+
+
+def applies(step: Step, major: int, database: Database) -> bool:
+    """Whether an ``append ... if CONDITION`` step is part of this run's variant."""
+    if step.django and not (major < 6 if step.django == "<6" else major >= 6):
+        return False
+    return not step.database or step.database == database.vendor
+
+
+def admin(action: str, database: Database, python: str, env: dict[str, str]) -> None:
+    """Create or drop the --database database (a PostgreSQL variant only)."""
+    if database.vendor != "postgresql":
+        return
+    print(f"quickstart: {action} database {database.name!r}", flush=True)
+    done = subprocess.run(
+        [python, "-c", ADMIN_SQL, action, database.name],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        _fail(f"could not {action} the database {database.name!r}", done.stdout + done.stderr)
+
+
+def follow(steps: list[Step], python: str, workdir: Path, database: Database | None = None) -> None:
     """Do the steps in ``workdir``; raise SystemExit(1) on the first that fails."""
+    database = database or Database("sqlite", {})
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(database.env)
     major = int(
         subprocess.run(
             [python, "-c", "import django; print(django.VERSION[0])"],
@@ -165,9 +263,13 @@ def follow(steps: list[Step], python: str, workdir: Path) -> None:
             text=True,
         ).stdout
     )
-    print(f"quickstart: Django {major} ({python}) in {workdir}", flush=True)
+    print(
+        f"quickstart: Django {major} ({python}) in {workdir}, database: {database.vendor}",
+        flush=True,
+    )
     started: list[tuple[subprocess.Popen[bytes], Path, str]] = []
     python_blocks: list[dict[str, object]] = []
+    admin("create", database, python, env)
     try:
         for step in steps:
             if python_blocks and step.kind not in ("python", "skip"):
@@ -202,7 +304,7 @@ def follow(steps: list[Step], python: str, workdir: Path) -> None:
                     )
                 started.append((process, log, line))
             elif step.kind in ("append", "write"):
-                if step.django and not (major < 6 if step.django == "<6" else major >= 6):
+                if not applies(step, major, database):
                     continue
                 assert step.path is not None
                 target = workdir / step.path
@@ -218,17 +320,20 @@ def follow(steps: list[Step], python: str, workdir: Path) -> None:
                     {"code": step.code, "line": step.line, "until": step.until, "seconds": seconds}
                 )
         if python_blocks:
-            _shell(python_blocks, python, workdir, env)
+            _shell(python_blocks, python, workdir, env, database.vendor)
         for process, log, line in started:
             if process.poll() is not None:
                 _fail(f"{line!r} exited early ({process.returncode})", log.read_text())
     finally:
-        for process, log, line in started:
-            _stop(process, log, line)
+        try:
+            for process, log, line in started:
+                _stop(process, log, line)
+        finally:
+            admin("drop", database, python, env)
 
 
 def _shell(
-    blocks: list[dict[str, object]], python: str, workdir: Path, env: dict[str, str]
+    blocks: list[dict[str, object]], python: str, workdir: Path, env: dict[str, str], vendor: str
 ) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".json", dir=workdir, delete=False) as file:
         json.dump(blocks, file)
@@ -246,6 +351,8 @@ def _shell(
     print(done.stdout, end="", flush=True)
     if done.returncode != 0:
         _fail(f"the python blocks failed (exit {done.returncode})", done.stdout + done.stderr)
+    if f"(database: {vendor})" not in done.stdout:
+        _fail(f"the project did not use the {vendor} database of this run", done.stdout)
 
 
 def _stop(process: subprocess.Popen[bytes], log: Path, line: str) -> None:
@@ -273,12 +380,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", required=True, help="interpreter with django-leasejobs")
     parser.add_argument("--workdir", required=True, type=Path, help="a new or empty directory")
     parser.add_argument("--guide", type=Path, default=GUIDE, help="default: docs/quickstart.md")
+    parser.add_argument(
+        "--database",
+        default="sqlite",
+        help="sqlite (default: startproject's file) or postgres://USER@HOST:PORT/NAME: the "
+        "guide's PostgreSQL variant in a database NAME created and dropped for the run",
+    )
     args = parser.parse_args(argv)
+    try:
+        database = database_from_url(args.database)
+    except GuideError as exc:
+        parser.error(str(exc))
     args.workdir.mkdir(parents=True, exist_ok=True)
     if any(args.workdir.iterdir()):
         parser.error(f"--workdir {args.workdir} is not empty")
     try:
-        follow(parse(args.guide.read_text()), args.python, args.workdir.resolve())
+        # A relative interpreter path would not survive the commands' working directory.
+        python = str(Path(args.python).absolute()) if os.sep in args.python else args.python
+        follow(parse(args.guide.read_text()), python, args.workdir.resolve(), database)
     except GuideError as exc:
         print(f"quickstart: {args.guide}: {exc}", file=sys.stderr)
         return 1

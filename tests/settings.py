@@ -69,6 +69,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3" and not IN_TES
         "NAME": os.path.join(_sqlite_dir, "test.sqlite3"),
     }
 
+# tests/backend/test_checks.py adds database OPTIONS of another engine in a subprocess
+# (leasejobs.W006): JSON in LEASEJOBS_TEST_DATABASE_OPTIONS, merged over default's.
+if os.environ.get("LEASEJOBS_TEST_DATABASE_OPTIONS"):
+    import json
+
+    DATABASES["default"]["OPTIONS"] = {
+        **DATABASES["default"].get("OPTIONS", {}),
+        **json.loads(os.environ["LEASEJOBS_TEST_DATABASE_OPTIONS"]),
+    }
+
 # A second, real database for tests/e2e/test_two_databases.py (backends on two databases):
 # the same server as default, its own database (on SQLite a second file). pytest-django
 # creates its test database only when a test asks for the alias. Subprocesses get the

@@ -27,6 +27,7 @@ from django_leasejobs.conf import (
     E_UNKNOWN_OPTION,
     LOCK_LOST_ENV_VAR,
     MAX_SECONDS,
+    W_FOREIGN_DATABASE_OPTION,
     W_HEARTBEAT_TOO_FAST,
     W_HEARTBEAT_TOO_SLOW,
     W_LEASE_TOO_SHORT,
@@ -436,6 +437,120 @@ def test_e006_unsupported_database_vendor(dummy_database: str) -> None:
     assert messages[0].obj == "TASKS['legacy']"
     assert "'legacy'" in messages[0].msg
     assert "not supported" in messages[0].msg
+
+
+# --------------------------------------------------------------------------- W006
+
+
+def test_w006_id() -> None:
+    assert W_FOREIGN_DATABASE_OPTION == "leasejobs.W006"
+
+
+@pytest.mark.parametrize(
+    ("vendor", "found"),
+    [
+        ("postgresql", ["transaction_mode", "init_command", "timeout", "check_same_thread"]),
+        ("mysql", ["transaction_mode", "timeout", "check_same_thread"]),  # init_command is MySQL's
+        ("sqlite", []),
+        ("unknown", []),
+    ],
+)
+def test_w006_which_sqlite_options_each_engine_refuses(vendor: str, found: list[str]) -> None:
+    options = {
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL;",
+        "timeout": 20,
+        "check_same_thread": False,
+        "sslmode": "require",  # PostgreSQL's own: not judged
+        "charset": "utf8mb4",  # MySQL's own: not judged
+        "isolation_level": "read committed",  # every engine's
+    }
+    assert leasejobs_checks.foreign_database_options(vendor, options) == found
+    assert leasejobs_checks.foreign_database_options(vendor, None) == []
+
+
+@pytest.fixture
+def postgresql_alias(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A DATABASES alias on PostgreSQL that keeps the quickstart's SQLite OPTIONS (never
+    connected to: the check must not need a connection)."""
+    alias = "copied"
+    entry = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "nowhere",
+        "HOST": "127.0.0.1",
+        "PORT": "1",
+        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20, "sslmode": "prefer"},
+    }
+    databases = connections.configure_settings({**connections.settings, alias: entry})
+    monkeypatch.setitem(connections.settings, alias, databases[alias])
+    if settings.DATABASES is not connections.settings:
+        monkeypatch.setitem(settings.DATABASES, alias, databases[alias])
+    yield alias
+    with contextlib.suppress(AttributeError):
+        del connections[alias]
+
+
+def test_w006_sqlite_options_on_a_postgresql_database(postgresql_alias: str) -> None:
+    tasks = {
+        **tasks_setting({}),
+        "copied": {"BACKEND": BACKEND, "OPTIONS": {"DATABASE": postgresql_alias}},
+        "again": {"BACKEND": BACKEND, "OPTIONS": {"DATABASE": postgresql_alias}},
+    }
+    with override_settings(TASKS=tasks):
+        messages = [m for m in run_checks() if str(m.id).startswith("leasejobs.")]
+    # Once per database and key, however many backends use the database.
+    assert ids(messages) == [W_FOREIGN_DATABASE_OPTION] * 2
+    first, second = messages
+    assert first.level == checks.WARNING
+    assert first.obj == "DATABASES['copied']"
+    assert first.msg == (
+        "DATABASES['copied']['OPTIONS'] has 'transaction_mode', an SQLite option, on a "
+        "PostgreSQL database, whose driver refuses it: the first query will fail "
+        '(invalid connection option "transaction_mode").'
+    )
+    assert first.hint == (
+        "Remove OPTIONS['transaction_mode'] from DATABASES['copied']: it is an SQLite option "
+        "(keep it in the settings of an SQLite database only)."
+    )
+    assert "'timeout'" in second.msg
+    assert second.hint.startswith("Remove OPTIONS['timeout'] from DATABASES['copied']")
+
+
+def test_w006_looks_at_the_listen_database_too(postgresql_alias: str) -> None:
+    if connections["default"].vendor != "postgresql":
+        pytest.skip("LISTEN_DATABASE beside a PostgreSQL DATABASE")
+    messages = leasejobs_messages({"LISTEN_DATABASE": postgresql_alias})
+    assert ids(messages) == [W_FOREIGN_DATABASE_OPTION] * 2
+    assert {m.obj for m in messages} == {"DATABASES['copied']"}
+
+
+def test_w006_ignores_databases_no_backend_uses(postgresql_alias: str) -> None:
+    assert leasejobs_messages({}) == []
+
+
+@pytest.mark.slow
+def test_w006_manage_py_check_warns_before_the_first_query_fails(
+    run_manage: Any, subprocess_env: dict[str, str]
+) -> None:
+    """What a newcomer did: the quickstart's SQLite OPTIONS kept on another engine."""
+    env = {
+        **subprocess_env,
+        "LEASEJOBS_TEST_DATABASE_OPTIONS": json.dumps({"transaction_mode": "IMMEDIATE"}),
+    }
+    checked = run_manage(["check"], env=env)
+    assert checked.returncode == 0, checked.stderr  # a warning does not stop `check`
+    output = checked.stdout + checked.stderr
+    if connections["default"].vendor == "sqlite":
+        assert "leasejobs.W006" not in output  # SQLite's own option
+        return
+    assert "DATABASES['default']: (leasejobs.W006)" in output, output
+    assert "HINT: Remove OPTIONS['transaction_mode'] from DATABASES['default']" in output
+    strict = run_manage(["check", "--fail-level", "WARNING"], env=env)
+    assert strict.returncode != 0
+    # ...which is what the warning is for: the first query fails.
+    query = run_manage(["showmigrations", "django_leasejobs"], env=env)
+    assert query.returncode != 0
+    assert "transaction_mode" in query.stderr, query.stderr
 
 
 # --------------------------------------------------------------------------- manage.py check

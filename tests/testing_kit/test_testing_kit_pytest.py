@@ -4,6 +4,7 @@ DummyBackend next to the kit (docs/testing.md)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -327,58 +328,111 @@ def test_entry_point_name_and_dash_p(tmp_path: Path, entry_point: str, works: bo
 
 # -- docs/testing.md, run as written ---------------------------------------------------------
 
-GUIDE_BLOCK = re.compile(r"<!-- testing-doc: (write|append) (\S+) -->\n```python\n(.*?)```", re.S)
+GUIDE_BLOCK = re.compile(
+    r"<!-- testing-doc: (?P<directive>[^>]*?) -->\n```(?P<language>\w*)\n(?P<code>.*?)```", re.S
+)
+# A stand-in for startproject's mysite/settings.py: the suite's settings (its database).
+STARTPROJECT_SETTINGS = (
+    "from tests.settings import *  # noqa: F403\n"
+    "INSTALLED_APPS = [*INSTALLED_APPS, 'myapp']  # noqa: F405\n"
+)
+MANAGE_PY = """#!/usr/bin/env python
+import os
+import sys
+
+if __name__ == "__main__":
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
+"""
 
 
-def test_the_guide_runs_as_written(tmp_path: Path) -> None:
-    """Builds the guide's ``myapp`` and its tests from its marked blocks (settings,
-    tasks, the enqueuing code, pytest and TestCase tests) and runs them in a pytest of
-    their own, with the plugin loaded by ``-p``."""
-    blocks = GUIDE_BLOCK.findall((REPO_ROOT / "docs" / "testing.md").read_text())
-    assert len(blocks) >= 6
-    (tmp_path / "myapp").mkdir()
-    (tmp_path / "myapp" / "__init__.py").write_text("")
-    (tmp_path / "settings.py").write_text(
-        "from tests.settings import *  # noqa: F403\n"
-        "INSTALLED_APPS = [*INSTALLED_APPS, 'myapp']  # noqa: F405\n"
-    )
-    for mode, path, code in blocks:
-        target = tmp_path / path
+def _guide_blocks() -> list[tuple[str, str, str]]:
+    """(directive, language, code) of every block of docs/testing.md with a directive."""
+    text = (REPO_ROOT / "docs" / "testing.md").read_text()
+    return [(m["directive"], m["language"], m["code"]) for m in GUIDE_BLOCK.finditer(text)]
+
+
+def test_the_guide_names_what_to_install_and_it_is_installed() -> None:
+    """The set-up's `pip install` line: what the example project below runs with (the
+    suite's test dependencies hold it, so it is checked, not installed here)."""
+    [code] = [code for directive, _, code in _guide_blocks() if directive == "install"]
+    [line] = code.strip().splitlines()
+    assert line.startswith("pip install "), line
+    names = line.split()[2:]
+    assert {"pytest", "pytest-django"} <= set(names), names
+    for name in names:
+        assert importlib.metadata.version(name), name
+
+
+def _project(root: Path, blocks: list[tuple[str, str, str]]) -> list[str]:
+    """The guide's project in ``root``: manage.py, mysite/settings.py, myapp and the tests
+    (the write and append blocks); returns the test files."""
+    (root / "manage.py").write_text(MANAGE_PY)
+    for package in ("mysite", "myapp"):
+        (root / package).mkdir()
+        (root / package / "__init__.py").write_text("")
+    (root / "mysite" / "settings.py").write_text(STARTPROJECT_SETTINGS)
+    for directive, language, code in blocks:
+        mode, _, path = directive.partition(" ")
+        if mode not in ("write", "append"):
+            continue
+        assert language == "python", directive
+        target = root / path
         if mode == "write":
             assert not target.exists(), f"{path} written twice"
             target.write_text(code)
         else:
+            assert target.exists(), f"{path} appended to before it was written"
             target.write_text(target.read_text() + "\n\n" + code)
-    test_files = sorted(p.name for p in tmp_path.glob("test_*.py"))
-    expected = sum(
-        len(re.findall(r"^\s*def test_", (tmp_path / name).read_text(), re.M))
-        for name in test_files
-    )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "django_leasejobs.testing.pytest_plugin",
-            "-p",
-            "no:cacheprovider",
-            "--ds=settings",
-            "--rootdir",
-            str(tmp_path),
-            "-q",
-            *test_files,
-        ],
-        env=_env(
-            DATABASE_URL=f"sqlite:///{tmp_path / 'outer.sqlite3'}",
-            PYTHONPATH=os.pathsep.join(
-                [str(tmp_path), str(REPO_ROOT), str(REPO_ROOT / "testproject")]
-            ),
-        ),
-        cwd=tmp_path,
+    return sorted(p.name for p in root.glob("test_*.py"))
+
+
+def _pytest_in(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`pytest` as a user runs it in the project's directory: the console script, no
+    settings given (DJANGO_SETTINGS_MODULE unset: the configuration file names them), the
+    plugins loaded from their entry points, the project found by pytest-django's
+    manage.py search (not on PYTHONPATH, which holds only the suite's settings)."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "pytest"), "-p", "no:cacheprovider", "-q", *args],
+        env=_env(DATABASE_URL=f"sqlite:///{root / 'outer.sqlite3'}"),
+        cwd=root,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_the_guide_runs_as_written(tmp_path: Path) -> None:
+    """Builds the guide's project from its marked blocks (settings, tasks, the enqueuing
+    code, pytest and TestCase tests), writes the guide's pytest.ini and runs `pytest` in
+    it, as the set-up says; then the same with the pyproject.toml variant alone."""
+    blocks = _guide_blocks()
+    configs = {
+        directive.split()[1]: code
+        for directive, _, code in blocks
+        if directive.startswith("config ")
+    }
+    assert set(configs) == {"pytest.ini", "pyproject.toml"}
+    assert sum(directive.split()[0] in ("write", "append") for directive, _, _ in blocks) >= 6
+    # Side by side, not nested: pytest looks for its configuration in the parents too.
+    project, other = tmp_path / "project", tmp_path / "other"
+    project.mkdir()
+    other.mkdir()
+    test_files = _project(project, blocks)
+    expected = sum(
+        len(re.findall(r"^\s*def test_", (project / name).read_text(), re.M)) for name in test_files
+    )
+    (project / "pytest.ini").write_text(configs["pytest.ini"])
+    done = _pytest_in(project)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{expected} passed" in done.stdout, done.stdout
+
+    _project(other, blocks)
+    unset = _pytest_in(other, "test_rebuild_index.py")  # no configuration: no settings
+    assert unset.returncode != 0 and "1 passed" not in unset.stdout, unset.stdout
+    (other / "pyproject.toml").write_text(configs["pyproject.toml"])
+    done = _pytest_in(other, "test_rebuild_index.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout, done.stdout
