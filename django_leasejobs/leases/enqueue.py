@@ -32,6 +32,7 @@ _INSERT_COLUMNS = (
     "flow_group",
     "concurrency_limit",
     "rate_limit",
+    "result_ttl",
     "status",
     "attempt",
     "stall_count",
@@ -80,6 +81,7 @@ def _producer_values(job: NewJob) -> list[Any]:
         job.flow_group,
         job.concurrency_limit,
         job.rate_limit,
+        job.result_ttl,
     ]
 
 

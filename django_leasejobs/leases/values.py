@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -202,6 +202,9 @@ class NewJob:
     concurrency or rate limit of its own (``limits``); None otherwise."""
     concurrency_limit: int | None = None
     rate_limit: str | None = None
+    result_ttl: timedelta | None = None
+    """How long the job is kept once finished (``prune_jobs``); None: its queue's, else the
+    command's."""
 
 
 @dataclass(frozen=True, slots=True)
