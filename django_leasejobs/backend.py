@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.apps import apps
@@ -34,7 +34,7 @@ from .exceptions import InvalidTaskArguments
 from .lease_task import LeaseTask
 from .leases import NewJob
 from .limits import key_group, task_group
-from .models import ACTIVE_STATUSES, APP_LABEL, Job, JobAttempt, JobStatus
+from .models import APP_LABEL, Job, JobAttempt, JobStatus
 from .results import STATUS_TO_RESULT, LeaseTaskResult, attempt_history, task_as_enqueued
 from .retry import Backoff
 from .serialization import json_arguments, json_value
@@ -53,7 +53,15 @@ def _task_options(task: Task) -> dict[str, Any] | None:
     options: dict[str, Any] = {}
     if task.run_after is not None:
         options["run_after"] = task.run_after.isoformat()
-    for name in ("max_attempts", "max_stalls", "concurrency_limit", "rate_limit"):
+    for name in (
+        "max_attempts",
+        "max_stalls",
+        "concurrency_limit",
+        "rate_limit",
+        "unique_for",
+        "debounce",
+        "result_ttl",
+    ):
         value = getattr(task, name, None)
         if value is not None:
             options[name] = value
@@ -70,6 +78,12 @@ def _metadata(task: Task, using: str) -> dict[str, Any] | None:
         return None
     checked: dict[str, Any] = json_value(dict(metadata), "metadata", using=using)
     return checked
+
+
+def _result_ttl(task: Task) -> timedelta | None:
+    """``Job.result_ttl`` for a job of ``task``: its own retention, if it has one."""
+    seconds = getattr(task, "result_ttl", None)
+    return None if seconds is None else timedelta(seconds=seconds)
 
 
 def _storable_run_after(run_after: datetime | None) -> datetime | None:
@@ -135,6 +149,14 @@ def _app_missing(alias: str) -> str:
         f"TASKS[{alias!r}] uses the LeaseJobs backend, but {APP_LABEL!r} is not in "
         "INSTALLED_APPS: its tables, admin and commands (runworker, ...) are missing."
     )
+
+
+class _KeyTaken(Exception):
+    """Raised inside an insert's transaction to roll it back: ``job`` holds the key."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job.pk)
+        self.job = job
 
 
 class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
@@ -273,6 +295,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             concurrency_limit=concurrency_limit,
             rate_limit=rate_limit,
             metadata=_metadata(task, self.database),
+            result_ttl=_result_ttl(task),
         )
 
     def _run_after(self, task: Task) -> datetime | None:
@@ -311,6 +334,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             concurrency_limit=columns.concurrency_limit,
             rate_limit=columns.rate_limit,
             metadata=columns.metadata,
+            result_ttl=columns.result_ttl,
         )
 
     def _new_job(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
@@ -371,25 +395,64 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
 
         transaction.on_commit(send, using=self.database)
 
-    def _save_atomically(self, job: Job) -> None:
+    def _save_keyed(self, job: Job, key: str, unique_for: float | None) -> None:
+        """Insert a job with a dedup key; with ``unique_for``, keep it only if no job with
+        the key came first within the window (:func:`leases.key_holder` after the insert,
+        in the insert's transaction: of two producers racing on one key, the later one
+        sees the earlier one's job, finished or not, and rolls its own back)."""
         with transaction.atomic(using=self.database):
             job.save(using=self.database)
+            if unique_for is not None:
+                first = leases.key_holder(
+                    key, unique_for=unique_for, before=job.pk, using=self.database
+                )
+                if first is not None:
+                    raise _KeyTaken(first)
 
-    def _insert_keyed(self, job: Job) -> tuple[Job, bool]:
-        """Insert a job with a dedup key, or return the active job holding that key."""
+    def _insert_keyed(self, task: Task, job: Job) -> tuple[Job, str]:
+        """Insert a job with a dedup key, or find the job that holds the key.
+
+        Returns the job and what happened: ``"created"``, ``"deduplicated"`` (the key's
+        holder, :func:`leases.key_holder`) or ``"debounced"`` (the pending job of the key,
+        updated in place to this call: :func:`leases.debounce`).
+        """
         jobs = Job.objects.using(self.database)
+        unique_for: float | None = getattr(task, "unique_for", None)
+        delay: float | None = getattr(task, "debounce", None)
+        key: str = job.key  # type: ignore[assignment]
         for _ in range(5):
-            existing = jobs.filter(key=job.key, status__in=ACTIVE_STATUSES).first()
+            if delay is not None:
+                replaced = leases.debounce(self._row_of(job), delay, using=self.database)
+                if replaced is not None:
+                    return jobs.get(pk=replaced), "debounced"
+            existing = leases.key_holder(key, unique_for=unique_for, using=self.database)
             if existing is not None:
-                return existing, False
+                return existing, "deduplicated"
+            if delay is not None:
+                job.run_after = leases.runnable_after(delay)
             try:
                 # Producers racing on one key can deadlock on MySQL/MariaDB's unique index.
-                leases.retry_deadlocks(self.database, lambda: self._save_atomically(job))
-                return job, True
+                leases.retry_deadlocks(
+                    self.database, lambda: self._save_keyed(job, key, unique_for)
+                )
             except IntegrityError:
-                # Another producer inserted the key between our read and write: read again.
+                # Another producer inserted the key between our read and write: read again
+                # (with debounce: update that job to this call, the later one).
                 job.pk = None
-        raise IntegrityError(f"could not enqueue or find the job with key {job.key!r}")
+            except _KeyTaken as taken:
+                job.pk = None
+                return taken.job, "deduplicated"
+            else:
+                if delay is not None:  # run_after was an expression: read what it became
+                    job.refresh_from_db(using=self.database, fields=["run_after"])
+                return job, "created"
+        raise IntegrityError(f"could not enqueue or find the job with key {key!r}")
+
+    @staticmethod
+    def _row_of(job: Job) -> NewJob:
+        """The producer's columns of an unsaved job (see :meth:`_job_from_row`)."""
+        values = {f.name: getattr(job, f.name) for f in fields(NewJob) if f.name != "run_after"}
+        return NewJob(**values, run_after=None)
 
     # ------------------------------------------------------------------ django.tasks API
 
@@ -404,15 +467,21 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             self._announce([result])
             return result
         job = self._new_job(task, args, kwargs)
-        created = True
+        outcome = "created"
         if job.key is not None:
-            job, created = self._insert_keyed(job)
+            job, outcome = self._insert_keyed(task, job)
         else:
             job.save(using=self.database)
-        if not created:
+        if outcome != "created":
             logger.info(
-                "enqueue deduplicated by key",
-                extra={"job_id": job.pk, "key": job.key, "queue": job.queue, "backend": self.alias},
+                f"enqueue {outcome} by key",
+                extra={
+                    "job_id": job.pk,
+                    "key": job.key,
+                    "queue": job.queue,
+                    "backend": self.alias,
+                    "status": job.status,
+                },
             )
             # The key may be held by another task's job: report that job as it is.
             same_task = job.task_path == task.module_path

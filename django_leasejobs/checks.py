@@ -182,9 +182,9 @@ def _listen_database_messages(options: Options, obj: str) -> list[checks.CheckMe
 def _limited_queue_messages(
     params: dict[str, Any], options: Options, obj: str
 ) -> list[checks.CheckMessage]:
-    """A queue in ``QUEUE_LIMITS`` or ``QUEUE_RATE_LIMITS`` that the backend does not serve
-    (its ``QUEUES``; without it, Django's default queue only; an empty list serves every
-    queue): the limit would never apply."""
+    """A queue in ``QUEUE_LIMITS``, ``QUEUE_RATE_LIMITS`` or ``QUEUE_RESULT_TTL`` that the
+    backend does not serve (its ``QUEUES``; without it, Django's default queue only; an
+    empty list serves every queue): the limit or retention would never apply."""
     served = params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])
     if not served or not isinstance(served, list | tuple | set | frozenset):
         return []
@@ -192,6 +192,7 @@ def _limited_queue_messages(
     for option, names in (
         ("QUEUE_LIMITS", options.flow.queue_limits),
         ("QUEUE_RATE_LIMITS", options.flow.queue_rates),
+        ("QUEUE_RESULT_TTL", options.queue_result_ttl),
     ):
         for name in sorted(set(names) - set(served)):
             found.append(
@@ -199,7 +200,8 @@ def _limited_queue_messages(
                     E_UNKNOWN_LIMITED_QUEUE,
                     f"{option} names the queue {name!r}, which this backend does not serve "
                     f"(QUEUES: {', '.join(sorted(map(str, served)))}).",
-                    "Add the queue to QUEUES, or remove its limit.",
+                    "Add the queue to QUEUES, or remove its "
+                    f"{'retention' if option == 'QUEUE_RESULT_TTL' else 'limit'}.",
                     False,
                     obj,
                 )

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .durations import as_seconds, duration_problem
 from .limits import FlowRules, Rate, limit_problem, parse_rate, rate_problem
 from .retry import Backoff, backoff_problems
 from .schedule_spec import ScheduleSpec, parse_schedules
@@ -36,6 +37,7 @@ E_LISTEN_DATABASE_NOT_POSTGRESQL = "leasejobs.E019"
 E_BAD_QUEUE_LIMIT = "leasejobs.E020"
 E_UNKNOWN_LIMITED_QUEUE = "leasejobs.E021"
 E_BAD_RATE_LIMIT = "leasejobs.E022"
+E_BAD_QUEUE_RESULT_TTL = "leasejobs.E023"
 W_HEARTBEAT_TOO_SLOW = "leasejobs.W001"
 W_LEASE_TOO_SHORT = "leasejobs.W002"
 W_POLL_TOO_FAST = "leasejobs.W003"
@@ -91,6 +93,9 @@ class Options:
     schedules: tuple[ScheduleSpec, ...] = ()
     flow: FlowRules = field(default_factory=FlowRules)
     """``QUEUE_LIMITS`` and ``QUEUE_RATE_LIMITS``: what every claim of a queue obeys."""
+    queue_result_ttl: dict[str, float] = field(default_factory=dict)
+    """``QUEUE_RESULT_TTL``: seconds a finished job of each queue is kept (``prune_jobs``),
+    unless the job has a ``result_ttl`` of its own."""
 
     @property
     def local_lease_deadline(self) -> float:
@@ -122,6 +127,7 @@ KNOWN_OPTIONS = frozenset(
         "SCHEDULES",
         "QUEUE_LIMITS",
         "QUEUE_RATE_LIMITS",
+        "QUEUE_RESULT_TTL",
     }
 )
 MAX_QUEUE_NAME = 128
@@ -246,6 +252,30 @@ def _flow_rules(raw: Mapping[str, Any]) -> tuple[list[Problem], FlowRules]:
     return problems, FlowRules(queue_limits=limits, queue_rates=rates)
 
 
+def _queue_result_ttl(raw: Mapping[str, Any]) -> tuple[list[Problem], dict[str, float]]:
+    """``QUEUE_RESULT_TTL`` read; a bad entry is left out and reported (``E023``)."""
+    given = raw.get("QUEUE_RESULT_TTL", {})
+    hint = (
+        'Give each queue a number of seconds > 0 or a timedelta: {"reports": 86400} keeps '
+        "the finished jobs of the queue reports for a day."
+    )
+    if not isinstance(given, Mapping):
+        message = f"QUEUE_RESULT_TTL must be a dict of queue name -> duration, got {given!r}."
+        return [Problem(E_BAD_QUEUE_RESULT_TTL, message, hint=hint)], {}
+    problems: list[Problem] = []
+    found: dict[str, float] = {}
+    for name, value in given.items():
+        message = _queue_name_problem("QUEUE_RESULT_TTL", name)
+        if not message:
+            problem = duration_problem(value)
+            message = f"QUEUE_RESULT_TTL[{name!r}] {problem}" if problem else ""
+        if message:
+            problems.append(Problem(E_BAD_QUEUE_RESULT_TTL, message + ".", hint=hint))
+        else:
+            found[name] = as_seconds(value)
+    return problems, found
+
+
 def parse_options(
     raw: Mapping[str, Any] | None,
     environ: Mapping[str, str] | None = None,
@@ -344,6 +374,11 @@ def parse_options(
     problems.extend(flow_problems)
     if flow != FlowRules():
         values["flow"] = flow
+
+    ttl_problems, queue_result_ttl = _queue_result_ttl(raw)
+    problems.extend(ttl_problems)
+    if queue_result_ttl:
+        values["queue_result_ttl"] = queue_result_ttl
 
     behavior_sources = []
     if "LOCK_LOST_BEHAVIOR" in raw:

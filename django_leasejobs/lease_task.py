@@ -18,6 +18,7 @@ from typing import Any
 from django.db import transaction
 
 from .compat import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, InvalidTask, Task
+from .durations import as_seconds, duration_problem
 from .limits import MAX_KEY_LENGTH, limit_problem, parse_rate, rate_problem
 from .retry import (
     DEFAULT_MAX_SNOOZES,
@@ -73,6 +74,21 @@ class LeaseTask(Task):  # type: ignore[misc]
 
     key: str | None = None
     """Dedup key: enqueueing while a pending or running job has it returns that job."""
+
+    unique_for: float | None = None
+    """Seconds (a ``timedelta`` is accepted and stored as seconds) after a job with the
+    ``key`` was enqueued in which enqueueing with the key returns that job, finished or
+    not (database clock); None = unique while active only. Needs ``key``."""
+
+    debounce: float | None = None
+    """Seconds (or a ``timedelta``): the job with the ``key`` runs no earlier than this
+    after the last enqueue with the key, with that enqueue's arguments (a pending job with
+    the key is updated in place). Needs ``key``; not with ``unique_for`` or ``run_after``."""
+
+    result_ttl: float | None = None
+    """Seconds (or a ``timedelta``) a finished job is kept: ``prune_jobs`` deletes it once
+    its ``finished_at`` is older; None = its queue's ``QUEUE_RESULT_TTL``, else the
+    command's ``--older-than``."""
 
     concurrency_limit: int | None = None
     """Most running jobs of this task at once, across every worker; with a
@@ -146,6 +162,7 @@ class LeaseTask(Task):  # type: ignore[misc]
             if problem:
                 raise InvalidTask(f"key {self.key!r} {problem}.")
         self._check_flow_options()
+        self._check_key_windows()
         if not isinstance(self.backend, str):
             raise InvalidTask(f"backend must be a TASKS alias (a string), got {self.backend!r}")
         # Explicit base call: zero-argument super() breaks in slotted dataclasses.
@@ -166,6 +183,32 @@ class LeaseTask(Task):  # type: ignore[misc]
             if problem:
                 raise InvalidTask(f"rate_limit {problem}")
             object.__setattr__(self, "rate_limit", parse_rate(self.rate_limit).text)
+
+    def _check_key_windows(self) -> None:
+        for name in ("unique_for", "debounce", "result_ttl"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            problem = duration_problem(value)
+            if problem:
+                raise InvalidTask(f"{name} {problem}")
+            object.__setattr__(self, name, as_seconds(value))
+        window = "unique_for" if self.unique_for is not None else "debounce"
+        if self.unique_for is not None and self.debounce is not None:
+            raise InvalidTask(
+                "unique_for and debounce cannot be combined: unique_for returns the first job "
+                "with the key, debounce replaces it with the last. Pass only one of them."
+            )
+        if (self.unique_for is not None or self.debounce is not None) and self.key is None:
+            raise InvalidTask(
+                f"{window} needs a dedup key: pass key= in the same call, "
+                f'e.g. .using(key="invoice-42", {window}=3600).'
+            )
+        if self.debounce is not None and self.run_after is not None:
+            raise InvalidTask(
+                "debounce sets run_after itself (the last enqueue plus debounce): "
+                "pass debounce or run_after, not both."
+            )
 
     @property
     def effective_concurrency_limit(self) -> int | None:
@@ -215,6 +258,9 @@ class LeaseTask(Task):  # type: ignore[misc]
         concurrency_limit: int | None = _UNSET,
         rate_limit: str | None = _UNSET,
         metadata: Mapping[str, Any] | None = _UNSET,
+        unique_for: float | timedelta | None = _UNSET,
+        debounce: float | timedelta | None = _UNSET,
+        result_ttl: float | timedelta | None = _UNSET,
     ) -> LeaseTask:
         """A copy with changed defaults; also takes this backend's per-task options.
 
@@ -254,6 +300,9 @@ class LeaseTask(Task):  # type: ignore[misc]
                 ("rate_limit", rate_limit),
                 ("run_after_delay", delay),
                 ("metadata", metadata),
+                ("unique_for", unique_for),
+                ("debounce", debounce),
+                ("result_ttl", result_ttl),
             )
             if value is not _UNSET
         }
@@ -329,6 +378,7 @@ def task(
     concurrency_limit: int | None = None,
     concurrency_key: str | Callable[..., str] | None = None,
     rate_limit: str | None = None,
+    result_ttl: float | timedelta | None = None,
 ) -> Any:
     """Declare a task with this backend's options, on Django 5.2 and 6.x alike.
 
@@ -364,6 +414,7 @@ def task(
             concurrency_limit=concurrency_limit,
             concurrency_key=concurrency_key,
             rate_limit=rate_limit,
+            result_ttl=result_ttl,  # type: ignore[arg-type]
         )
 
     if function is not None:

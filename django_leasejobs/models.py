@@ -151,6 +151,14 @@ class Job(models.Model):
         "the job back to wait for a worker that does: UNKNOWN_TASK_GRACE); null = never.",
     )
 
+    result_ttl = models.DurationField(
+        null=True,
+        blank=True,
+        help_text="How long the finished job is kept: prune_jobs deletes it once its "
+        "finished_at is older; null = its queue's QUEUE_RESULT_TTL, else prune_jobs' "
+        "--older-than.",
+    )
+
     progress = models.FloatField(null=True, blank=True)
     progress_message = models.CharField(max_length=255, blank=True, default="")
     checkpoint = models.JSONField(null=True, blank=True)
@@ -216,6 +224,14 @@ class Job(models.Model):
                 condition=Q(status="running"),
             ),
             models.Index(fields=["status", "finished_at"], name="leasejobs_job_finished_idx"),
+            # The jobs of a dedup key whatever their status, oldest first: the holder of a
+            # key within a unique_for window (leases/keys.py). On MySQL/MariaDB, without
+            # partial indexes, an index on (key, id) of every row.
+            models.Index(
+                fields=["key", "id"],
+                name="leasejobs_job_key_idx",
+                condition=Q(key__isnull=False),
+            ),
             # Dead letters per queue (dashboard): an index-only scan of the dead rows, which
             # otherwise sit one per heap page all over the table.
             models.Index(

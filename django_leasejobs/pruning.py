@@ -3,7 +3,10 @@
 The one rule for which jobs may be deleted (:func:`finished`) and the one way they are
 deleted (:func:`delete_finished`), used by ``manage.py prune_jobs`` (:func:`prune`) and
 by the admin's *Delete finished jobs* action. The age cut-off is computed by the database
-(``DatabaseNow() - interval``), never by this process's clock. Schedule runs
+(``DatabaseNow() - interval``), never by this process's clock. Each finished job is kept
+for its retention (:func:`_old`): its own ``result_ttl`` if it has one, else its queue's
+``QUEUE_RESULT_TTL``, else the command's ``--older-than`` (without it, such a job is kept).
+Schedule runs
 (``ScheduleRun``) go by the same cut-off on ``enqueued_at``; the schedules' state rows
 (``Schedule``) are never touched, and their cursor, not the run rows, is what keeps a
 tick from being enqueued twice.
@@ -14,13 +17,13 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, Q, QuerySet, Value
+from django.db.models import DateTimeField, ExpressionWrapper, F, Q, QuerySet, Value
 
 from .functions import DatabaseNow
 from .models import FINISHED_STATUSES, Job, JobAttempt, JobStatus, Schedule, ScheduleRun
@@ -77,8 +80,28 @@ def finished(statuses: tuple[str, ...] = FINISHED_STATUSES) -> Q:
     return Q(status__in=statuses)
 
 
-def _old(older_than: timedelta, backend: str | None) -> Q:
-    condition = Q(finished_at__lt=_cutoff(older_than))
+def _old(
+    older_than: timedelta | None,
+    backend: str | None,
+    queue_result_ttl: Mapping[str, float] | None = None,
+) -> Q:
+    """The rule for a finished job's retention, decided here only: its own ``result_ttl``
+    wins, then its queue's (``queue_result_ttl``: queue -> seconds), then ``older_than``
+    (None: a job with neither is kept). Each compared with ``finished_at`` on the database's
+    clock."""
+    own_cutoff = ExpressionWrapper(DatabaseNow() - F("result_ttl"), output_field=DateTimeField())
+    condition = Q(result_ttl__isnull=False, finished_at__lt=own_cutoff)
+    queues = dict(queue_result_ttl or {})
+    for queue, seconds in sorted(queues.items()):
+        condition |= Q(
+            result_ttl__isnull=True,
+            queue=queue,
+            finished_at__lt=_cutoff(timedelta(seconds=seconds)),
+        )
+    if older_than is not None:
+        condition |= Q(result_ttl__isnull=True, finished_at__lt=_cutoff(older_than)) & ~Q(
+            queue__in=sorted(queues)
+        )
     if backend is not None:
         condition &= Q(backend=backend)
     return condition
@@ -151,15 +174,17 @@ def delete_finished(
 
 def prune(
     *,
-    older_than: timedelta,
+    older_than: timedelta | None,
+    queue_result_ttl: Mapping[str, float] | None = None,
     include_failed: bool = False,
     batch_size: int = 1000,
     dry_run: bool = False,
     backend: str | None = None,
     using: str = "default",
 ) -> PruneResult:
-    """Delete finished jobs whose ``finished_at`` is older than ``older_than`` (database clock),
-    and schedule runs whose ``enqueued_at`` is.
+    """Delete finished jobs whose ``finished_at`` is older than their retention (database
+    clock: see :func:`_old`), and schedule runs whose ``enqueued_at`` is older than
+    ``older_than`` (none without it).
 
     Each batch is its own short transaction: lock up to ``batch_size`` matching ids
     (lowest first; rows locked by someone else are skipped where the database can),
@@ -169,8 +194,13 @@ def prune(
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     statuses = statuses_for(include_failed)
-    old_jobs = Job.objects.using(using).filter(_old(older_than, backend))
-    old_runs = _old_runs(older_than, backend, using)
+    old_jobs = Job.objects.using(using).filter(_old(older_than, backend, queue_result_ttl))
+    old_runs = (
+        _old_runs(older_than, backend, using)
+        if older_than is not None
+        else ScheduleRun.objects.using(using).none()
+    )
+    age = None if older_than is None else older_than.total_seconds()
 
     if dry_run:
         count = old_jobs.filter(finished(statuses)).count()
@@ -191,7 +221,7 @@ def prune(
         extra={
             "count": total,
             "batches": batches,
-            "older_than": older_than.total_seconds(),
+            "older_than": age,
             "statuses": list(statuses),
             "backend": backend,
         },
@@ -203,7 +233,7 @@ def prune(
         extra={
             "count": runs,
             "batches": run_batches,
-            "older_than": older_than.total_seconds(),
+            "older_than": age,
             "backend": backend,
         },
     )

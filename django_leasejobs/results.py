@@ -158,6 +158,9 @@ def _rebuild(base: Task, job: EnqueuedOptions, backend: str, given: Mapping[str,
             else (declared if callable(declared) else None),
             "concurrency_limit": given.get("concurrency_limit"),
             "rate_limit": given.get("rate_limit"),
+            "unique_for": given.get("unique_for"),
+            "debounce": given.get("debounce"),
+            "result_ttl": given.get("result_ttl"),
             "concurrency_key": given.get("concurrency_key")
             if isinstance(given.get("concurrency_key"), str)
             else (base.concurrency_key if callable(base.concurrency_key) else None),

@@ -57,3 +57,9 @@ NOT_A_TASK_EITHER = "a module attribute that is not a task"
 def plain_django_task(x: int) -> int:
     """Declared with django.tasks' own decorator: runs with the backend's defaults."""
     return x * 2
+
+
+@task(result_ttl=3600)
+def kept_an_hour(x: Any = None) -> Any:
+    """A task whose finished jobs are kept an hour (``result_ttl``)."""
+    return x

@@ -20,6 +20,8 @@ ORM expression the models' defaults need, in ``functions.py``), split by concern
 * ``fenced``: the lease holder's fenced writes to many rows, on both paths;
 * ``claim``, ``renew``, ``finish``, ``reap``, ``operator``, ``enqueue``: the
   statements, built from the above;
+* ``keys``: the job an enqueue with a dedup key returns (unique while active, and within
+  a ``unique_for`` window), and debounce's replacement of a pending job;
 * ``flow``: the claim of jobs under flow control (paused queues, concurrency and rate
   limits) and the next-due lookup that skips paused queues.
 
@@ -51,6 +53,7 @@ from .finish import (
     release,
 )
 from .flow import seconds_to_next_due
+from .keys import debounce, key_holder, runnable_after
 from .operator import backend_database, cancel, retry
 from .reap import find_stale, reap
 from .renew import renew, save_checkpoint, save_metadata, set_progress
@@ -111,12 +114,14 @@ __all__ = [
     "copy_jobs",
     "database_now",
     "dead_letter_many",
+    "debounce",
     "decide",
     "defer_unknown",
     "fail",
     "fail_many",
     "find_stale",
     "insert_job",
+    "key_holder",
     "mark_cancelled",
     "notify",
     "portable_path",
@@ -125,6 +130,7 @@ __all__ = [
     "renew",
     "retry",
     "retry_deadlocks",
+    "runnable_after",
     "save_checkpoint",
     "save_metadata",
     "seconds_to_next_due",

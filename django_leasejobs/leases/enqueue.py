@@ -33,6 +33,7 @@ _INSERT_COLUMNS = (
     "concurrency_limit",
     "rate_limit",
     "metadata",
+    "result_ttl",
     "status",
     "attempt",
     "stall_count",
@@ -82,6 +83,7 @@ def _producer_values(job: NewJob) -> list[Any]:
         job.concurrency_limit,
         job.rate_limit,
         _json(job.metadata),
+        job.result_ttl,
     ]
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -208,6 +208,9 @@ class NewJob:
     rate_limit: str | None = None
     metadata: dict[str, Any] | None = None
     """The job's metadata (``using(metadata=...)``), or None."""
+    result_ttl: timedelta | None = None
+    """How long the job is kept once finished (``prune_jobs``); None: its queue's, else the
+    command's."""
 
 
 @dataclass(frozen=True, slots=True)

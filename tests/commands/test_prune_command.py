@@ -13,6 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 from django.db.models.functions import Now
+from django.test import override_settings
 
 from django_leasejobs.models import (
     AttemptOutcome,
@@ -284,9 +285,17 @@ def test_bad_older_than_values_are_rejected(value: str, message: str) -> None:
     assert message in str(excinfo.value)
 
 
-def test_older_than_is_required() -> None:
-    with pytest.raises(CommandError, match="--older-than"):
-        prune()
+@DB
+def test_without_older_than_jobs_without_a_retention_stay() -> None:
+    ids = make_jobs(JobStatus.SUCCEEDED, 2)
+    runs = make_runs(2)
+
+    output = prune().splitlines()
+
+    assert "pruned finished jobs count=0" in output
+    assert "pruned schedule runs count=0" in output  # runs go by --older-than only
+    assert remaining(ids) == set(ids)
+    assert runs_left(runs) == set(runs)
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "ten"])
@@ -328,3 +337,108 @@ def test_unreachable_database_exits_2(run_manage: Any, subprocess_env: dict[str,
     assert len(done.stderr.strip().splitlines()) == 1
     assert "Traceback" not in done.stderr
     assert "pruned finished jobs" not in done.stdout
+
+
+# --------------------------------------------------------------------------- result_ttl
+
+
+def finished_ago(
+    ago: timedelta,
+    *,
+    ttl: timedelta | None = None,
+    queue: str = "default",
+    status: str = JobStatus.SUCCEEDED,
+) -> int:
+    """A job finished ``ago`` (database clock) with its own ``result_ttl`` (or none)."""
+    (job_id,) = make_jobs(status, old=False)
+    Job.objects.filter(pk=job_id).update(finished_at=Now() - ago, result_ttl=ttl, queue=queue)
+    return job_id
+
+
+HOUR = timedelta(hours=1)
+REPORTS_KEPT_A_DAY = {
+    "default": {
+        "BACKEND": "django_leasejobs.backend.LeaseJobsBackend",
+        "QUEUES": ["default", "reports"],
+        "OPTIONS": {"QUEUE_RESULT_TTL": {"reports": 86400}},
+    }
+}
+
+
+@DB
+def test_a_job_older_than_its_own_ttl_goes_without_older_than() -> None:
+    expired = finished_ago(2 * HOUR, ttl=HOUR)
+    kept = finished_ago(2 * HOUR, ttl=3 * HOUR)
+    no_ttl = finished_ago(timedelta(days=30))
+
+    assert "pruned finished jobs count=1" in prune().splitlines()
+    assert remaining([expired, kept, no_ttl]) == {kept, no_ttl}
+
+
+@DB
+def test_a_jobs_own_ttl_wins_over_the_commands_default() -> None:
+    kept_longer = finished_ago(2 * HOUR, ttl=timedelta(days=1))
+    kept_shorter = finished_ago(2 * HOUR, ttl=HOUR)
+    plain = finished_ago(2 * HOUR)
+
+    assert "pruned finished jobs count=2" in prune("--older-than", "30m").splitlines()
+    assert remaining([kept_longer, kept_shorter, plain]) == {kept_longer}
+
+
+@DB
+def test_a_queues_ttl_wins_over_the_default_and_a_jobs_own_over_the_queues() -> None:
+    with override_settings(TASKS=REPORTS_KEPT_A_DAY):
+        young_report = finished_ago(2 * HOUR, queue="reports")
+        old_report = finished_ago(timedelta(days=2), queue="reports")
+        own_ttl_report = finished_ago(2 * HOUR, queue="reports", ttl=HOUR)
+        other_queue = finished_ago(2 * HOUR)
+
+        assert "pruned finished jobs count=3" in prune("--older-than", "1h").splitlines()
+        assert remaining([young_report, old_report, own_ttl_report, other_queue]) == {young_report}
+        # Without --older-than the queue's retention applies all the same.
+        older = finished_ago(timedelta(days=3), queue="reports")
+        assert "pruned finished jobs count=1" in prune().splitlines()
+        assert remaining([older, young_report]) == {young_report}
+
+
+@DB
+def test_a_ttl_keeps_failed_jobs_unless_include_failed() -> None:
+    failed = finished_ago(2 * HOUR, ttl=HOUR, status=JobStatus.FAILED)
+    dead = finished_ago(2 * HOUR, ttl=HOUR, status=JobStatus.DEAD)
+    assert "pruned finished jobs count=0" in prune().splitlines()
+    assert "pruned finished jobs count=2" in prune("--include-failed").splitlines()
+    assert remaining([failed, dead]) == set()
+
+
+@DB
+def test_active_jobs_with_an_old_ttl_stay() -> None:
+    active = make_jobs(JobStatus.PENDING, 1) + make_jobs(JobStatus.RUNNING, 1)
+    Job.objects.filter(pk__in=active).update(
+        result_ttl=timedelta(seconds=1), finished_at=Now() - timedelta(days=1)
+    )
+    assert "pruned finished jobs count=0" in prune("--include-failed").splitlines()
+    assert remaining(active) == set(active)
+
+
+@DB
+def test_a_dry_run_counts_by_retention() -> None:
+    ids = [finished_ago(2 * HOUR, ttl=HOUR), finished_ago(2 * HOUR, ttl=HOUR)]
+    output = prune("--dry-run").splitlines()
+    assert output[0].startswith("dry run: would prune finished jobs count=2 batches=1")
+    assert remaining(ids) == set(ids)
+
+
+@DB
+def test_jobs_enqueued_with_result_ttl_are_pruned_by_it() -> None:
+    from django_leasejobs import leases
+    from tests.tasks import add, kept_an_hour
+
+    kept = kept_an_hour.enqueue(1)
+    plain = add.enqueue(1, 2)
+    for _ in (kept, plain):
+        claimed = leases.claim("w", limit=1, lease_duration=30)
+        leases.complete(claimed[0].id, claimed[0].attempt, "w")
+    Job.objects.update(finished_at=Now() - 2 * HOUR)
+
+    assert "pruned finished jobs count=1" in prune().splitlines()
+    assert remaining([int(kept.id), int(plain.id)]) == {int(plain.id)}

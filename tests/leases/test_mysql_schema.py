@@ -234,6 +234,8 @@ def test_the_partial_indexes_have_stand_ins() -> None:
     assert indexes["leasejobs_job_running_idx"] == (False, ["status", "locked_by"])
     assert indexes["leasejobs_job_dead_idx"] == (False, ["status", "queue"])
     assert indexes["leasejobs_job_finished_idx"] == (False, ["status", "finished_at"])
+    # The jobs of a key, finished ones too (unique_for): every row, no partial indexes here.
+    assert indexes["leasejobs_job_key_idx"] == (False, ["key", "id"])
     # Nothing else: Django's unconditional versions of the partial indexes are gone.
     assert set(indexes) == {
         "PRIMARY",
@@ -242,6 +244,7 @@ def test_the_partial_indexes_have_stand_ins() -> None:
         "leasejobs_job_running_idx",
         "leasejobs_job_dead_idx",
         "leasejobs_job_finished_idx",
+        "leasejobs_job_key_idx",
     }
 
 

@@ -18,17 +18,19 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []
     help = (
         "Delete finished jobs (succeeded, cancelled; with --include-failed also failed and "
-        "dead) whose finished_at is older than --older-than, and schedule runs enqueued "
-        "before it, in short batches."
+        "dead) whose finished_at is older than their retention (the job's result_ttl, else "
+        "its queue's QUEUE_RESULT_TTL, else --older-than), and schedule runs enqueued "
+        "before --older-than, in short batches."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--older-than",
             type=parse_age,
-            required=True,
+            default=None,
             help="Age of finished_at (of a schedule run: enqueued_at), database clock: "
-            "e.g. 90s, 30m, 12h, 7d, 2w.",
+            "e.g. 90s, 30m, 12h, 7d, 2w; for jobs without a result_ttl of their own or of "
+            "their queue. Without it only those jobs are pruned, and no schedule run.",
         )
         parser.add_argument(
             "--include-failed",
@@ -51,6 +53,7 @@ class Command(BaseCommand):
         try:
             result = prune(
                 older_than=options["older_than"],
+                queue_result_ttl=backend.config.queue_result_ttl,
                 include_failed=options["include_failed"],
                 batch_size=options["batch_size"],
                 dry_run=options["dry_run"],
