@@ -34,9 +34,22 @@ def _load_workers() -> ModuleType:
 workers = _load_workers()
 
 
-def _point(rate: float | None, *, clean: bool = True) -> dict[str, Any]:
+def _point(
+    rate: float | None, *, clean: bool = True, from_spawn: float | None = None
+) -> dict[str, Any]:
+    """A point whose drain rate is ``rate`` and whose rate from spawn is ``from_spawn``
+    (default: the same)."""
     keys = dict.fromkeys(workers.MEDIAN_KEYS, 1.0)
-    return {**keys, "rate": rate, "clean": clean, "runs": 1, "rates": [rate], "problems": []}
+    wall = rate if from_spawn is None else from_spawn
+    return {
+        **keys,
+        "rate": rate,
+        "wall_rate": wall,
+        "clean": clean,
+        "runs": 1,
+        "rates": [rate],
+        "problems": [],
+    }
 
 
 def test_full_run_defaults() -> None:
@@ -99,13 +112,25 @@ def test_verdicts_met_missed_and_not_measured() -> None:
     assert lines[("thread", 16)]["verdict"] == "not measured"
 
 
+def test_the_goals_are_judged_on_the_rate_from_spawn() -> None:
+    """A scale-out pays its cold starts: a drain rate that holds up while the workers
+    start slowly is a missed goal."""
+    points = workers.with_ratios(
+        {1: _point(4000.0, from_spawn=3500.0), 16: _point(3600.0, from_spawn=1400.0)}
+    )
+    [_, sixteen] = workers.verdicts({"process": points})
+    assert sixteen["workers"] == 16 and sixteen["verdict"] == "missed"
+    assert sixteen["ratio"] == 0.4
+    assert points[16]["ratio"] == 0.9  # the drain rate alone would have met it
+
+
 def test_markdown_table_has_a_row_per_point() -> None:
     pools = {"thread": workers.with_ratios({1: _point(4000.0), 2: _point(3000.0)})}
     table = workers.markdown_table(pools)
     lines = table.strip().splitlines()
     assert len(lines) == 4
-    assert lines[2].startswith("| thread | 1 | 4,000 | 1.00x |")
-    assert "| thread | 2 | 3,000 | 0.75x |" in lines[3]
+    assert lines[2].startswith("| thread | 1 | 4,000 | 1.00x | 4,000 | 1.00x |")
+    assert "| thread | 2 | 3,000 | 0.75x | 3,000 | 0.75x |" in lines[3]
     assert lines[3].endswith("| yes |")
 
 

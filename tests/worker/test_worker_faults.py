@@ -270,9 +270,11 @@ def test_job_killing_its_worker_ends_dead_after_max_stalls_while_others_flow(
 # --------------------------------------------------------------------------- rows without a task
 
 
-def test_row_naming_no_registered_task_fails_at_once_and_nothing_runs(
-    workers, marker_dir: str
-) -> None:
+def test_row_naming_no_registered_task_never_runs(workers, marker_dir: str) -> None:
+    """A row naming anything but a registered task is never imported or called. A
+    well-formed path may be new code not deployed to this worker: it waits for
+    ``UNKNOWN_TASK_GRACE`` (0 here: dead at once; tests/worker/test_unknown_tasks.py has
+    the wait); a malformed one fails at once."""
     hacked = Path(marker_dir) / "hacked"
     plain_function = Path(marker_dir) / "plain-function"
     forged = {
@@ -287,21 +289,28 @@ def test_row_naming_no_registered_task_fails_at_once_and_nothing_runs(
         path: Job.objects.create(task_path=path, args=args, max_attempts=3).pk
         for path, args in forged.items()
     }
+    malformed = Job.objects.create(task_path="nodots", args=[], max_attempts=3).pk
     others = [int(record_job.enqueue(marker_dir, "other").id) for _ in range(5)]
-    worker = workers.start(args=["--concurrency", "2", "--burst"])
+    worker = workers.start(
+        args=["--concurrency", "2", "--burst"], options={"UNKNOWN_TASK_GRACE": 0}
+    )
     assert worker.wait(timeout=30) == 0, worker.output
 
     assert not hacked.exists(), "os.system ran"
     assert not plain_function.exists(), "a plain function ran"
     for path, job_id in rows.items():
         job = Job.objects.get(pk=job_id)
-        # Failed for good on the first attempt, although three were allowed.
-        assert (job.status, job.attempt) == (JobStatus.FAILED, 1), (path, job.status)
+        # Dead letter on the first attempt, although three were allowed.
+        assert (job.status, job.attempt) == (JobStatus.DEAD, 1), (path, job.status)
         assert job.finished_at is not None
         [attempt] = JobAttempt.objects.filter(job_id=job_id)
         assert attempt.outcome == AttemptOutcome.ERROR
         assert attempt.error_class == "django_leasejobs.exceptions.UnknownTask", path
         assert path in attempt.error_message
+    job = Job.objects.get(pk=malformed)
+    assert (job.status, job.attempt) == (JobStatus.FAILED, 1)
+    [attempt] = JobAttempt.objects.filter(job_id=malformed)
+    assert "is not a task path" in attempt.error_message
     assert _assert_at_least_once(others, marker_dir, "other") == 0
 
 
