@@ -205,6 +205,26 @@ def _flow_lane_due(d: Dialect, backend: str, queues: Sequence[str] | None) -> bo
     return bool(due)
 
 
+def give_back_unused(d: Dialect, also: str = "") -> str:
+    """The fenced UPDATE (parameters: job id, attempt, worker id) that gives back one
+    claimed attempt that never ran: ``pending`` (``cancelled`` when a cancel was
+    requested), the attempt counter back by one, no stall; ``also``: more assignments
+    (``"col = expr, "``) that may read the row's old ``attempt`` and ``cancel_requested``.
+    Used by :func:`unclaim` and by ``defer.defer_unknown``."""
+    pending = cancel_wins("'pending'")
+    # MySQL assigns from left to right: attempt and cancel_requested, read by the
+    # assignments before them, are assigned last.
+    return (
+        f"UPDATE {d.jobs} AS j SET status = {pending}, "  # noqa: S608 - identifiers quoted, values bound
+        # A first attempt that never ran leaves the job as if never started.
+        "started_at = CASE WHEN j.attempt = 1 THEN NULL ELSE j.started_at END, "
+        f"finished_at = CASE WHEN j.cancel_requested THEN {d.now} ELSE NULL END, "
+        f"{also}locked_by = NULL, locked_until = NULL, cancel_requested = FALSE, "
+        "attempt = j.attempt - 1 "
+        "WHERE j.id = %s AND j.attempt = %s AND j.locked_by = %s AND j.status = 'running'"
+    )
+
+
 def unclaim(
     worker_id: str, claimed: Iterable[tuple[int, int]], *, using: str = "default"
 ) -> frozenset[tuple[int, int]]:
@@ -225,17 +245,7 @@ def unclaim(
     if not wanted:
         return frozenset()
     d = dialect(using)
-    pending = cancel_wins("'pending'")
-    # MySQL assigns from left to right: attempt, read by started_at, is assigned last.
-    sql = (
-        f"UPDATE {d.jobs} AS j SET status = {pending}, "  # noqa: S608 - identifiers quoted, values bound
-        # A first attempt that never ran leaves the job as if never started.
-        "started_at = CASE WHEN j.attempt = 1 THEN NULL ELSE j.started_at END, "
-        f"finished_at = CASE WHEN j.cancel_requested THEN {d.now} ELSE NULL END, "
-        "locked_by = NULL, locked_until = NULL, cancel_requested = FALSE, "
-        "attempt = j.attempt - 1 "
-        "WHERE j.id = %s AND j.attempt = %s AND j.locked_by = %s AND j.status = 'running'"
-    )
+    sql = give_back_unused(d)
 
     def give_back() -> frozenset[tuple[int, int]]:
         done = set()

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from django.db import connections, transaction
 
 from ..models import AttemptOutcome, Job
+from .claim import give_back_unused
 from .dialect import dialect, retry_deadlocks
 from .enqueue import database_now
 from .finish import dead_letter_many
-from .rules import cancel_wins, unknown_task_delay
+from .rules import unknown_task_delay
 from .values import ErrorInfo, Failure, WriteResult
 
 Lease = tuple[int, int]
@@ -65,18 +66,9 @@ def defer_unknown(
     if not wanted:
         return Deferred({}, {}, WriteResult({}))
     d = dialect(using)
-    pending = cancel_wins("'pending'")
-    # MySQL assigns from left to right: attempt and cancel_requested, read by the columns
-    # before them, are assigned last.
-    sql = (
-        f"UPDATE {d.jobs} AS j SET status = {pending}, "  # noqa: S608 - identifiers quoted, values bound
-        "started_at = CASE WHEN j.attempt = 1 THEN NULL ELSE j.started_at END, "
-        f"finished_at = CASE WHEN j.cancel_requested THEN {d.now} ELSE NULL END, "
-        f"run_after = {d.now_plus}, "
-        f"unknown_task_since = COALESCE(j.unknown_task_since, {d.now}), "
-        "locked_by = NULL, locked_until = NULL, cancel_requested = FALSE, "
-        "attempt = j.attempt - 1 "
-        "WHERE j.id = %s AND j.attempt = %s AND j.locked_by = %s AND j.status = 'running'"
+    sql = give_back_unused(
+        d,
+        f"run_after = {d.now_plus}, unknown_task_since = COALESCE(j.unknown_task_since, {d.now}), ",
     )
 
     def give_back() -> tuple[dict[Lease, float], dict[Lease, float], list[Lease]]:
