@@ -300,21 +300,12 @@ class Worker:
             # sends it when the shell exits): the hang-up asks for a graceful stop, never
             # a forced one.
             return
-        if not self.stopping:
-            self._begin_stop()
-            logger.info(
-                "%s: stop claiming, finish running jobs (up to %.0fs); again to force",
-                name,
-                self.config.shutdown_timeout,
-                extra={"worker": self.worker_id, "signal": name},
-            )
-        else:
+        forced = self.stopping
+        if forced:
             self.force = True
-            logger.warning(
-                "%s again: stopping running jobs now and releasing them",
-                name,
-                extra={"worker": self.worker_id, "signal": name},
-            )
+        else:
+            self._begin_stop()
+        self.reporter.stop_asked(name, self.config.shutdown_timeout, forced=forced)
 
     def _begin_stop(self) -> None:
         self.stopping = True
