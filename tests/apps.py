@@ -1,3 +1,5 @@
+import os
+
 from django.apps import AppConfig
 
 
@@ -7,3 +9,10 @@ class TestsConfig(AppConfig):
     name = "tests"
     label = "tests"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from tests.worker_events import EVENTS_ENV, connect
+
+        path = os.environ.get(EVENTS_ENV)
+        if path:  # a worker started by tests/worker_harness.py: its signals, for waits
+            connect(path)
