@@ -67,6 +67,13 @@ def read_pids(marker_dir: str, name: str, attempt: int = 1) -> list[int]:
     return []
 
 
+def next_renewal(worker: WorkerProcess, timeout: float) -> None:
+    """Wait for the worker's next heartbeat that went through (a renewal of the leases
+    it holds, committed: ``heartbeat_sent`` without an error) after those seen so far."""
+    seen = len(worker.events("heartbeat_sent", error=None))
+    worker.wait_for_event("heartbeat_sent", timeout, count=seen + 1, error=None)
+
+
 def wait_for_pids(
     workers: Workers, marker_dir: str, name: str, attempt: int = 1, timeout: float = 15.0
 ) -> list[int]:
@@ -450,8 +457,7 @@ def test_renewal_that_finds_the_lease_gone_kills_the_job_process_group(
     )
     result = tasks_worker.spawn_and_wait.enqueue(marker_dir, "r", 60.0)
     pids = wait_for_pids(workers, marker_dir, "r")
-    beat = job_row(result.id).heartbeat_at
-    wait_until(lambda: job_row(result.id).heartbeat_at != beat, 5, interval=0.02, what="a renewal")
+    next_renewal(worker, 5)
 
     assert Job.objects.filter(pk=result.id).update(locked_until=now_plus(-1)) == 1
     take_lease_away(int(result.id))
@@ -488,8 +494,7 @@ def test_late_write_of_a_stolen_lease_is_rejected(
     wait_for_pids(workers, marker_dir, "late")
 
     # Right after a renewal, the next one is a whole heartbeat interval (3 s) away.
-    beat = job_row(result.id).heartbeat_at
-    wait_until(lambda: job_row(result.id).heartbeat_at != beat, 8, interval=0.02, what="a renewal")
+    next_renewal(worker, 8)
     assert Job.objects.filter(pk=result.id).update(locked_until=now_plus(-1)) == 1
     take_lease_away(int(result.id))
     leases.complete(int(result.id), 2, "other", result="newer")
@@ -650,13 +655,7 @@ def test_worker_cut_off_from_the_database_kills_the_job_before_its_lease_expires
     pids = wait_for_pids(workers, marker_dir, "cut")
     assert db_proxy.connections >= 1, "the worker does not use the proxy"
     # Let at least one renewal go through the proxy first.
-    claimed_until = job_row(result.id).locked_until
-    wait_until(
-        lambda: job_row(result.id).locked_until != claimed_until,
-        heartbeat + 5,
-        interval=0.02,
-        what="a renewal through the proxy",
-    )
+    next_renewal(worker, heartbeat + 5)
 
     db_proxy.cut()
     cut_at = time.monotonic()
