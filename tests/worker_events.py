@@ -77,3 +77,13 @@ def read(path: Path) -> list[dict[str, Any]]:
         return []
     lines = data.split(b"\n")[:-1]
     return [json.loads(line) for line in lines if line]
+
+
+def matching(path: Path, name: str | None = None, **match: Any) -> list[dict[str, Any]]:
+    """The events of ``path`` named ``name`` (all when None) whose fields equal ``match``."""
+    return [
+        event
+        for event in read(path)
+        if (name is None or event["event"] == name)
+        and all(event.get(key) == value for key, value in match.items())
+    ]

@@ -125,12 +125,7 @@ class WorkerProcess:
     def events(self, name: str | None = None, **match: Any) -> list[dict[str, Any]]:
         """The events the worker sent so far, in order: those named ``name`` (all when
         None) whose fields equal ``match`` (``job_id=3``, ``reason="SIGTERM"``...)."""
-        return [
-            event
-            for event in worker_events.read(self.events_path)
-            if (name is None or event["event"] == name)
-            and all(event.get(key) == value for key, value in match.items())
-        ]
+        return worker_events.matching(self.events_path, name, **match)
 
     def wait_for_event(
         self, name: str, timeout: float = 20.0, count: int = 1, **match: Any
