@@ -88,8 +88,10 @@ class WorkerProcess:
 
     def _read(self) -> None:
         """Keep the pipe drained while nobody asks (a full pipe would block the worker)."""
+        poller = select.poll()  # (not select.select: a long session's fds pass 1024)
+        poller.register(self._fd, select.POLLIN)
         while True:
-            select.select([self._fd], [], [], 0.5)
+            poller.poll(500)
             with self._lock:
                 self._drain()
                 if self._eof:
