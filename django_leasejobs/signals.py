@@ -3,7 +3,8 @@
 Every signal is sent with ``sender`` = the backend class (``LeaseJobsBackend``)
 and keyword argument ``backend`` (alias); the job signals also with ``job_id``, and
 those a worker sends (all but ``job_enqueued`` and ``job_reaped``) with ``queue``
-too; plus the ones listed.
+too; the worker signals (a worker's life, not one job's) with ``worker_id``; plus the
+ones listed.
 Receivers run in the process that made the transition (producer, worker or
 reaper); they are called with ``send_robust``, so an exception in a receiver is
 logged, never raised into the transition.
@@ -41,3 +42,33 @@ jobs_claimed = Signal()
 heartbeat_sent = Signal()
 """A worker's heartbeat (lease renewal and registry touch) ended. Extra: worker_id,
 duration (seconds), error (the ``DatabaseError`` that failed it, or None)."""
+
+
+worker_started = Signal()
+"""A worker is ready: registered, its slots and threads up, about to claim (also after
+its ``--metrics-port`` server listens). Extra: worker_id, pool (``"process"`` or
+``"thread"``), concurrency, queues (a tuple of names, or None: every queue), pid."""
+
+worker_stopping = Signal()
+"""A stop signal reached a worker. Extra: worker_id, reason (the signal's name:
+``"SIGTERM"``, ``"SIGINT"`` or ``"SIGHUP"``) and forced: False for the first (stop
+claiming, let running jobs finish), True for a second one (stop running jobs now and
+release them). A repeated SIGHUP does not force and is not sent again. Not sent when a
+worker ends by itself (``--burst``, ``--max-jobs``): ``worker_stopped`` is."""
+
+worker_stopped = Signal()
+"""A worker stopped: its threads ended, its registry row deregistered, it is about to
+exit. Extra: worker_id, attempts (attempts it finished in its life)."""
+
+listening_changed = Signal()
+"""Whether a worker's listener (PostgreSQL ``LISTEN``) wakes it at once. Extra: worker_id,
+listening (bool), reason (None while listening; ``"connection_failed"``: the listener's
+connection failed, the worker polls and the listener tries again, each failed try sent
+again; ``"pooler"``: the connection goes through a connection pooler, the worker polls
+for good), error (what failed or why the connection counts as pooled; None while
+listening). Not sent when the worker stops."""
+
+prefetch_returned = Signal()
+"""A worker gives back prefetched jobs that waited too long for a slot (behind long jobs),
+so other workers can run them. Extra: worker_id, count (jobs), waited (seconds the
+longest-waiting one waited)."""

@@ -1,3 +1,5 @@
+import os
+
 from django.apps import AppConfig
 
 
@@ -9,6 +11,13 @@ class TestsConfig(AppConfig):
     default = True
     default_auto_field = "django.db.models.BigAutoField"
 
+    def ready(self) -> None:
+        from tests.worker_events import EVENTS_ENV, connect
+
+        path = os.environ.get(EVENTS_ENV)
+        if path:  # a worker started by tests/worker_harness.py: its signals, for waits
+            connect(path)
+
 
 class TasksAtStartConfig(TestsConfig):
     """The same app, importing its tasks when the apps are ready, as a site's app does
@@ -19,4 +28,5 @@ class TasksAtStartConfig(TestsConfig):
     default = False
 
     def ready(self) -> None:
+        TestsConfig.ready(self)
         from . import tasks  # noqa: F401

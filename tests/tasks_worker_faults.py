@@ -1,15 +1,11 @@
-"""Tasks for the fault tests in tests/worker/test_worker_process.py, and a ``lease_lost`` probe.
+"""Tasks for the fault tests in tests/worker/test_worker_process.py.
 
-A worker imports this module on demand (the row's task path names it) or at start-up
-with ``OPTIONS["IMPORTS"] = ["tests.tasks_worker_faults"]``. When the worker's
-environment names a file in ``LEASEJOBS_TEST_SIGNAL_LOG``, every ``lease_lost`` signal
-the worker sends is appended to it as one JSON line, so a test can see the signal fire
-in the worker process.
+A worker imports this module on demand (the row's task path names it). The tests see
+the worker's ``lease_lost`` signals through its events (``tests/worker_events.py``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,13 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django.dispatch import receiver
-
 from django_leasejobs import task
 from django_leasejobs.exceptions import LeaseLost
-from django_leasejobs.signals import lease_lost
-
-SIGNAL_LOG_ENV = "LEASEJOBS_TEST_SIGNAL_LOG"
 
 
 def _append(path: Path, text: str) -> None:
@@ -32,23 +23,6 @@ def _append(path: Path, text: str) -> None:
         handle.write(text + "\n")
         handle.flush()
         os.fsync(handle.fileno())
-
-
-@receiver(lease_lost, dispatch_uid="tests.tasks_worker_faults.record_lease_lost")
-def record_lease_lost(
-    sender: Any, job_id: int, attempt: int, worker_id: str, reason: str, **kwargs: Any
-) -> None:
-    path = os.environ.get(SIGNAL_LOG_ENV)
-    if not path:
-        return
-    record = {
-        "job_id": job_id,
-        "attempt": attempt,
-        "worker_id": worker_id,
-        "reason": reason,
-        "pid": os.getpid(),
-    }
-    _append(Path(path), json.dumps(record))
 
 
 @task(takes_context=True)

@@ -3,12 +3,16 @@
 Use the ``workers`` fixture (tests/conftest.py)::
 
     w = workers.start(options={"LEASE_DURATION": 2}, args=["--concurrency", "2"])
-    w.wait_for_log("started")
+    # (start() returned once the worker sent ``worker_started``)
+    [lost] = w.wait_for_event("lease_lost", job_id=job_id)
     ...
     w.terminate(); assert w.wait(timeout=10) == 0
 
-Every process a test started (workers, their slots, anything the jobs spawned) is
-SIGKILLed at teardown, found through psutil, so a failing test leaves nothing behind.
+Tests wait on the events the worker sends (its signals, written to a file of its own by
+``tests/worker_events.py``), never on its log lines; ``output`` is there to assert what
+an operator reads, after the fact. Every process a test started (workers, their slots,
+anything the jobs spawned) is SIGKILLed at teardown, found through psutil, so a failing
+test leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -16,17 +20,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from tests import waiting
+from tests import waiting, worker_events
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MANAGE_PY = REPO_ROOT / "testproject" / "manage.py"
@@ -58,40 +65,99 @@ def pid_alive(pid: int) -> bool:
 
 
 class WorkerProcess:
-    """One ``runworker`` subprocess with its output collected line by line."""
+    """One ``runworker`` subprocess with its output collected line by line.
 
-    def __init__(self, popen: subprocess.Popen[str]) -> None:
+    ``output`` and ``lines`` hold every whole line the worker wrote before they were
+    read (they take what waits in the pipe first): a log line written before an event
+    was sent is there once the event is seen, so a test may assert on it after the fact.
+    """
+
+    def __init__(self, popen: subprocess.Popen[str], events_path: Path) -> None:
         self.popen = popen
-        self.lines: list[str] = []
+        self.events_path = events_path
+        """The file this worker writes its events to (``tests/worker_events.py``)."""
+        assert popen.stdout is not None
+        self._fd = popen.stdout.fileno()  # read raw: no buffer between the pipe and us
+        os.set_blocking(self._fd, False)
+        self._lines: list[str] = []
+        self._partial = b""
+        self._eof = False
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
+        """Keep the pipe drained while nobody asks (a full pipe would block the worker)."""
+        poller = select.poll()  # (not select.select: a long session's fds pass 1024)
+        poller.register(self._fd, select.POLLIN)
+        while True:
+            poller.poll(500)
             with self._lock:
-                self.lines.append(line.rstrip("\n"))
+                self._drain()
+                if self._eof:
+                    return
+
+    def _drain(self) -> None:
+        """Take what waits in the pipe (with ``_lock`` held)."""
+        while not self._eof:
+            try:
+                chunk = os.read(self._fd, 65536)
+            except BlockingIOError:
+                return
+            if not chunk:
+                self._eof = True
+                chunk = b"\n" if self._partial else b""
+            *whole, self._partial = (self._partial + chunk).split(b"\n")
+            self._lines.extend(line.decode(errors="replace") for line in whole)
 
     @property
     def pid(self) -> int:
         return self.popen.pid
 
     @property
-    def output(self) -> str:
+    def lines(self) -> list[str]:
         with self._lock:
-            return "\n".join(self.lines)
+            self._drain()
+            return list(self._lines)
 
-    def wait_for_log(self, text: str, timeout: float = 20.0, count: int = 1) -> None:
-        waiting.wait_until(
-            lambda: self.output.count(text) >= count or self.popen.poll() is not None,
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def events(self, name: str | None = None, **match: Any) -> list[dict[str, Any]]:
+        """The events the worker sent so far, in order: those named ``name`` (all when
+        None) whose fields equal ``match`` (``job_id=3``, ``reason="SIGTERM"``...)."""
+        return worker_events.matching(self.events_path, name, **match)
+
+    def wait_for_event(
+        self, name: str, timeout: float = 20.0, count: int = 1, **match: Any
+    ) -> list[dict[str, Any]]:
+        """Wait until the worker sent ``count`` events ``name`` matching ``match``, and
+        return all it sent so far. Fails at once, with the worker's output, when the
+        worker exits first."""
+        wanted = f"event {name} {match or ''} x{count}"
+
+        def sent() -> list[dict[str, Any]] | None:
+            exited = self.popen.poll() is not None  # (before reading: the file is complete)
+            found = self.events(name, **match)
+            if len(found) >= count:
+                return found
+            if exited:
+                raise AssertionError(
+                    f"worker exited ({self.popen.returncode}) before sending {wanted}; "
+                    f"its events: {self._event_names()}\n{self.output}"
+                )
+            return None
+
+        return waiting.wait_until(
+            sent,
             timeout,
-            what=f"log line {text!r} x{count}",
+            what=lambda: f"{wanted}; its events: {self._event_names()}\n{self.output}",
         )
-        if self.output.count(text) < count:
-            raise AssertionError(
-                f"worker exited ({self.popen.returncode}) before logging {text!r}:\n{self.output}"
-            )
+
+    def _event_names(self) -> str:
+        names = [e["event"] for e in self.events() if e["event"] != "heartbeat_sent"]
+        return " ".join(names[-40:])
 
     def slot_pids(self) -> list[int]:
         try:
@@ -121,6 +187,7 @@ class Workers:
         self.env = env
         self.started: list[WorkerProcess] = []
         self._pids: set[int] = set()
+        self._events_dir = Path(tempfile.mkdtemp(prefix="leasejobs-events-"))
 
     def start(
         self,
@@ -128,11 +195,16 @@ class Workers:
         args: Iterable[str] = (),
         env: dict[str, str] | None = None,
         wait_started: bool = True,
+        preexec_fn: Callable[[], Any] | None = None,
     ) -> WorkerProcess:
+        """Start ``runworker`` with ``FAST_OPTIONS`` updated by ``options``; unless
+        ``wait_started`` is false, return once it sent ``worker_started``."""
         merged = {**FAST_OPTIONS, **(options or {})}
+        events_path = self._events_dir / f"worker-{len(self.started)}.jsonl"
         process_env = {
             **self.env,
             "LEASEJOBS_TEST_OPTIONS": json.dumps(merged),
+            worker_events.EVENTS_ENV: str(events_path),
             **(env or {}),
         }
         popen = subprocess.Popen(
@@ -143,11 +215,12 @@ class Workers:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            preexec_fn=preexec_fn,  # (nohup: SIGHUP ignored across the exec)
         )
-        worker = WorkerProcess(popen)
+        worker = WorkerProcess(popen, events_path)
         self.started.append(worker)
         if wait_started:
-            worker.wait_for_log("started: backend=")
+            worker.wait_for_event("worker_started")
         self._remember_tree(worker)
         return worker
 
@@ -187,3 +260,4 @@ class Workers:
             if worker.popen.stdout is not None and not worker._reader.is_alive():
                 # (Closing while the reader still blocks on it would hang.)
                 worker.popen.stdout.close()
+        shutil.rmtree(self._events_dir, ignore_errors=True)

@@ -176,12 +176,7 @@ class Handover:
         if now - ready[0].started < PREFETCH_MAX_WAIT:
             return
         self.dispatcher.gave_back()
-        logger.info(
-            "giving back %d prefetched jobs that waited %.1fs for a slot",
-            len(ready),
-            now - ready[0].started,
-            extra={"worker": self.reporter.worker_id, "count": len(ready)},
-        )
+        self.reporter.prefetch_returned(len(ready), now - ready[0].started)
         self.give_back_ready()
         self.dispatch()
 

@@ -33,7 +33,6 @@ with the fix and finds jobs by polling.
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import socket
 import threading
@@ -42,14 +41,13 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 
 from ..leases import NOTIFY_CHANNEL
+from .announcer import Announcer
 from .inbox import JobsMayBeReady, Listening
 from .threads import ThreadContext, WorkerThread
 
 if TYPE_CHECKING:
     import psycopg
 
-
-logger = logging.getLogger("django_leasejobs")
 
 _SESSION_SOCKET_SQL = (
     "SELECT host(inet_client_addr()), inet_client_port(), inet_server_port(), "
@@ -135,19 +133,10 @@ class Listener(WorkerThread):
         self.trusted = configured is not None
         """``LISTEN_DATABASE`` is set: its connection is taken as direct, unexamined."""
         self.alias = configured if configured is not None else ctx.database
+        self.announcer = Announcer(ctx.worker_id, ctx.backend)
 
     def _poll_instead(self, why: str) -> None:
-        logger.warning(
-            "not listening for new jobs: database %r goes through a connection pooler (%s), "
-            "where a LISTEN would stay on a server connection other clients use; this "
-            "worker polls every %gs instead. To keep instant wake-ups, set "
-            'OPTIONS["LISTEN_DATABASE"] to a DATABASES alias that connects to the same '
-            "database directly.",
-            self.alias,
-            why,
-            self.ctx.options.poll_interval,
-            extra={"worker": self.ctx.worker_id, "database": self.alias},
-        )
+        self.announcer.pooled(self.alias, why, self.ctx.options.poll_interval)
 
     def loop(self) -> None:
         import psycopg
@@ -169,11 +158,7 @@ class Listener(WorkerThread):
                         return
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     failures = 0
-                    logger.info(
-                        "listening for new jobs on database %r",
-                        self.alias,
-                        extra={"worker": self.ctx.worker_id, "database": self.alias},
-                    )
+                    self.announcer.listening(self.alias)
                     try:
                         # From now on NOTIFY wakes the worker: idle, it polls only every
                         # IDLE_POLL_INTERVAL and when its next delayed job comes due.
@@ -190,9 +175,5 @@ class Listener(WorkerThread):
                         self.ctx.inbox.post(Listening(False))
             except psycopg.Error as exc:
                 failures += 1
-                logger.warning(
-                    "LISTEN connection failed (%s); polling meanwhile",
-                    exc,
-                    extra={"worker": self.ctx.worker_id, "error": str(exc)},
-                )
+                self.announcer.listen_failed(str(exc))
                 self.stop_event.wait(min(10.0, 0.5 * 2**failures))

@@ -307,22 +307,13 @@ class Worker:
             # A process manager signalled the whole group while the supervisor passed the
             # signal on: one request heard twice.
             return
-        if not self.stopping:
+        forced = self.stopping
+        if forced:
+            self.force = True
+        else:
             self.stop_heard_at = message.at
             self._begin_stop()
-            logger.info(
-                "%s: stop claiming, finish running jobs (up to %.0fs); again to force",
-                name,
-                self.config.shutdown_timeout,
-                extra={"worker": self.worker_id, "signal": name},
-            )
-        else:
-            self.force = True
-            logger.warning(
-                "%s again: stopping running jobs now and releasing them",
-                name,
-                extra={"worker": self.worker_id, "signal": name},
-            )
+        self.reporter.stop_asked(name, self.config.shutdown_timeout, forced=forced)
 
     def _begin_stop(self) -> None:
         self.stopping = True

@@ -4,14 +4,14 @@ Every line goes to the ``django_leasejobs`` logger with the same ``extra`` keys
 (``job_id``, ``attempt``, ``worker``, ``queue``, ``task``, and per line ``duration``,
 ``status``, ``error``, ``reason``...). Metrics (``runworker --metrics-port``) and
 tracing receive the signals sent here. The reporter holds no job state: the main loop
-calls it with the job it is about.
+calls it with the job it is about. What the worker says of itself (start, stop,
+listening, prefetched jobs given back) is in ``announcer.py``, which it extends.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import os
 from typing import Any
 
 from django.dispatch import Signal
@@ -24,23 +24,21 @@ from ..compat import (
     task_finished,
     task_started,
 )
-from ..conf import Options
 from ..exceptions import LeaseLost, TaskFailed, task_failure
 from ..leases import ClaimedJob, ErrorInfo, storable_text
 from ..logs import log_failure
 from ..models import JobStatus
 from ..results import STATUS_TO_RESULT, attempt_history
-from ..signals import job_failed, job_started, job_succeeded, jobs_claimed, lease_lost
+from ..signals import job_failed, job_started, job_succeeded, lease_lost
+from .announcer import Announcer
 from .execution import error_as_task_error, running_result
 from .jobs import RunningJob, StopReason
 
 logger = logging.getLogger("django_leasejobs")
 
 
-class Reporter:
-    def __init__(self, worker_id: str, backend: LeaseJobsBackend) -> None:
-        self.worker_id = worker_id
-        self.backend = backend
+class Reporter(Announcer):
+    """The announcer of a worker's own life (``announcer.py``), and of its jobs'."""
 
     def log_extra(self, job: ClaimedJob, **more: Any) -> dict[str, Any]:
         return {
@@ -64,60 +62,6 @@ class Reporter:
             worker_id=self.worker_id,
             queue=job.queue,
             **extra,
-        )
-
-    def worker_started(
-        self,
-        *,
-        queues: tuple[str, ...] | None,
-        pool: str,
-        concurrency: int,
-        options: Options,
-        schedules: int,
-    ) -> None:
-        logger.info(
-            "worker %s started: backend=%s queues=%s pool=%s concurrency=%d lease=%gs "
-            "heartbeat=%gs reaper=%gs lock_lost=%s schedules=%d",
-            self.worker_id,
-            self.backend.alias,
-            ",".join(queues) if queues else "*",
-            pool,
-            concurrency,
-            options.lease_duration,
-            options.heartbeat_interval,
-            options.stale_lock_interval,
-            options.lock_lost_behavior,
-            schedules,
-            extra={
-                "worker": self.worker_id,
-                "backend": self.backend.alias,
-                "queues": list(queues or []),
-                "pool": pool,
-                "concurrency": concurrency,
-                "pid": os.getpid(),
-                "lease_duration": options.lease_duration,
-                "heartbeat_interval": options.heartbeat_interval,
-                "stale_lock_interval": options.stale_lock_interval,
-                "lock_lost_behavior": options.lock_lost_behavior,
-                "schedules": schedules,
-            },
-        )
-
-    def worker_stopped(self, attempts: int) -> None:
-        logger.info(
-            "worker %s stopped after %d attempts",
-            self.worker_id,
-            attempts,
-            extra={"worker": self.worker_id, "count": attempts},
-        )
-
-    def claimed(self, count: int, limit: int) -> None:
-        jobs_claimed.send_robust(
-            LeaseJobsBackend,
-            backend=self.backend.alias,
-            worker_id=self.worker_id,
-            count=count,
-            limit=limit,
         )
 
     # -- a job's life -------------------------------------------------------------------
@@ -243,14 +187,6 @@ class Reporter:
             waited,
             extra=self.log_extra(job, retry_in=delay, duration=round(waited, 3)),
         )
-
-    def gave_back(self, count: int) -> None:
-        if count:
-            logger.info(
-                "gave back %d prefetched jobs that never started",
-                count,
-                extra={"worker": self.worker_id, "count": count},
-            )
 
     def stopping(self, running: RunningJob, reason: StopReason, detail: str) -> None:
         job = running.job

@@ -264,7 +264,7 @@ def test_a_dead_job_retried_from_the_job_list_succeeds_on_a_worker(
     page.locator(f'input.action-select[value="{dead.pk}"]').check()
     page.select_option("select[name=action]", label="Retry now (failed or dead jobs)")
     page.screenshot(path=shots / "job_changelist.png", full_page=True)
-    worker.wait_for_log("started: backend=")
+    worker.wait_for_event("worker_started")
     with page.expect_response(lambda r: r.request.method == "POST") as posted:
         page.click(".actions button[name=index]")  # "Go" (Django 5.2), "Run" (Django 6)
     assert posted.value.status == 302, f"the retry action answered HTTP {posted.value.status}"

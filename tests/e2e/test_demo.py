@@ -1,5 +1,10 @@
 """The demo's own commands, as scripts/demo runs them: enqueue a mix, run workers (which
-also run the demo's schedules), stop."""
+also run the demo's schedules), stop.
+
+``demo_workers`` starts its workers with the environment it got: the tests give it an
+events file (``tests/worker_events.py``) that all its workers append to, and wait on
+their ``worker_started`` and ``worker_stopping`` there.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -22,14 +28,27 @@ from django_leasejobs.models import Worker as WorkerRow
 from django_leasejobs.schedule_spec import parse_schedules
 from django_leasejobs.schedules.scheduler import run_pass
 from testproject.settings import DEMO_SCHEDULES
+from tests import worker_events
 from tests.waiting import wait_until
 from tests.worker_harness import FAST_OPTIONS, MANAGE_PY, REPO_ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def supervisor_env(subprocess_env: dict[str, str], events: Path) -> dict[str, str]:
+    return {
+        **subprocess_env,
+        "LEASEJOBS_TEST_OPTIONS": json.dumps(FAST_OPTIONS),
+        worker_events.EVENTS_ENV: str(events),
+    }
+
+
+def started_pids(events: Path) -> set[int]:
+    return {event["pid"] for event in worker_events.matching(events, "worker_started")}
+
+
 def test_demo_enqueue_then_demo_workers_run_jobs_and_stop_cleanly(
-    run_manage: Any, subprocess_env: dict[str, str]
+    run_manage: Any, subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:
     enqueued = run_manage(["demo_enqueue", "--quick", "5", "--seed", "1"], timeout=60)
     assert enqueued.returncode == 0, enqueued.stderr
@@ -51,9 +70,9 @@ def test_demo_enqueue_then_demo_workers_run_jobs_and_stop_cleanly(
     scheduled = Job.objects.filter(task_path="demo.tasks.add", priority=10).count()
     assert scheduled == 1  # the job scheduled 5 minutes ahead
 
+    events = tmp_path / "events.jsonl"
     env = {
-        **subprocess_env,
-        "LEASEJOBS_TEST_OPTIONS": json.dumps(FAST_OPTIONS),
+        **supervisor_env(subprocess_env, events),
         "LEASEJOBS_DEMO_SCHEDULES": "1",  # as scripts/demo sets it
     }
     supervisor = subprocess.Popen(
@@ -93,15 +112,13 @@ def test_demo_enqueue_then_demo_workers_run_jobs_and_stop_cleanly(
         assert runs.values("tick").distinct().count() == runs.count()
         assert set(Schedule.objects.values_list("name", flat=True)) == set(DEMO_SCHEDULES)
 
-        def registered_workers() -> list[int]:
-            """The supervisor's workers, once there are two and each has registered (a
-            replacement for a worker the poison pill killed may still be starting; the
-            rows of the killed ones stay "running", so counting rows is not enough)."""
+        def started_workers() -> list[int]:
+            """The supervisor's workers, once there are two and each has started (a
+            replacement for a worker the poison pill killed may still be starting)."""
             pids = [p.pid for p in psutil.Process(supervisor.pid).children()]
-            running = WorkerRow.objects.filter(pid__in=pids, state="running").count()
-            return pids if len(pids) >= 2 and running == len(pids) else []
+            return pids if len(pids) >= 2 and set(pids) <= started_pids(events) else []
 
-        workers = wait_until(registered_workers, timeout=30, what="two demo workers registered")
+        workers = wait_until(started_workers, timeout=30, what="two demo workers started")
         supervisor.send_signal(signal.SIGTERM)
         assert supervisor.wait(timeout=90) == 0
         wait_until(
@@ -160,18 +177,18 @@ def test_demo_schedules_are_declared_for_the_demo_only_pass_the_checks_and_enque
 
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGKILL], ids=["sighup", "sigkill"])
 def test_demo_workers_stops_its_workers_on_sighup_and_when_killed(
-    subprocess_env: dict[str, str], signum: signal.Signals
+    subprocess_env: dict[str, str], signum: signal.Signals, tmp_path: Path
 ) -> None:
     # SIGHUP (its terminal closed) stops the workers like SIGTERM. SIGKILL gives the
     # supervisor no say: its workers run in sessions of their own, and stop because they
     # asked Linux for a SIGTERM when their parent dies (PR_SET_PDEATHSIG).
     if signum == signal.SIGKILL and not sys.platform.startswith("linux"):
         pytest.skip("PR_SET_PDEATHSIG is Linux only")
-    env = {**subprocess_env, "LEASEJOBS_TEST_OPTIONS": json.dumps(FAST_OPTIONS)}
+    events = tmp_path / "events.jsonl"
     supervisor = subprocess.Popen(
         [sys.executable, str(MANAGE_PY), "demo_workers", "--workers", "2", "--concurrency", "2"],
         cwd=REPO_ROOT,
-        env=env,
+        env=supervisor_env(subprocess_env, events),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -179,16 +196,9 @@ def test_demo_workers_stops_its_workers_on_sighup_and_when_killed(
     supervisor_process = psutil.Process(supervisor.pid)
     processes: list[psutil.Process] = []
     try:
-        wait_until(
-            lambda: (
-                WorkerRow.objects.filter(state="running", id__startswith="demo-worker-").count()
-                >= 2
-            ),
-            timeout=60,
-            what="two demo workers registered",
-        )
+        wait_until(lambda: len(started_pids(events)) >= 2, 60, what="two demo workers started")
         workers = supervisor_process.children()
-        assert len(workers) == 2
+        assert {w.pid for w in workers} == started_pids(events)
         processes = [p for w in workers for p in (w, *w.children(recursive=True))]
         assert len(processes) >= 6  # two workers, two slots each
         supervisor.send_signal(signum)
@@ -209,13 +219,14 @@ def test_demo_workers_stops_its_workers_on_sighup_and_when_killed(
 
 
 def test_demo_workers_second_ctrl_c_makes_the_workers_release_their_jobs_now(
-    subprocess_env: dict[str, str], tmp_path: Any
+    subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:
     # The first Ctrl-C asks each worker to stop gracefully (its running job may finish,
     # here within the default 30 s shutdown timeout); the second one makes the
     # supervisor send each worker a second SIGTERM: it stops the job now and releases it.
     job = Job.objects.create(task_path="demo.tasks.slow", kwargs={"seconds": 300, "steps": 300})
-    env = {**subprocess_env, "LEASEJOBS_TEST_OPTIONS": json.dumps(FAST_OPTIONS)}
+    events = tmp_path / "events.jsonl"
+    env = supervisor_env(subprocess_env, events)
     log = tmp_path / "demo_workers.log"
     with log.open("wb") as output:
         supervisor = subprocess.Popen(
@@ -237,7 +248,7 @@ def test_demo_workers_second_ctrl_c_makes_the_workers_release_their_jobs_now(
         processes = [supervisor_process, *supervisor_process.children(recursive=True)]
         supervisor.send_signal(signal.SIGINT)
         wait_until(
-            lambda: WorkerRow.objects.filter(state="stopping").exists(),
+            lambda: worker_events.matching(events, "worker_stopping", forced=False),
             timeout=30,
             what="the demo worker to stop gracefully",
         )
@@ -246,6 +257,10 @@ def test_demo_workers_second_ctrl_c_makes_the_workers_release_their_jobs_now(
         assert supervisor.wait(timeout=25) == 0  # sooner than the worker's 30 s
         job.refresh_from_db()
         assert (job.status, job.locked_by) == (JobStatus.PENDING, None)  # released
+        assert [e["forced"] for e in worker_events.matching(events, "worker_stopping")] == [
+            False,
+            True,
+        ]
         assert "again: stopping running jobs now and releasing them" in log.read_text()
     finally:
         for process in processes:

@@ -162,7 +162,8 @@ def test_producers_and_both_pools_poll_behind_the_pooler_without_listen_database
         args=[*json_logs, "--pool", "thread", "--queues", "low", "--worker-id", "pgb-thread"]
     )
     for worker, worker_id in ((process_pool, "pgb-process"), (thread_pool, "pgb-thread")):
-        worker.wait_for_log(POLLING)
+        [pooled] = worker.wait_for_event("listening_changed", listening=False, reason="pooler")
+        assert pooled["error"], pooled  # why it counts as pooled
         [warning] = json_records(worker, POLLING)
         assert warning["level"] == "WARNING"
         assert (warning["worker"], warning["database"]) == (worker_id, "default")
@@ -200,6 +201,7 @@ def test_producers_and_both_pools_poll_behind_the_pooler_without_listen_database
         assert worker.wait(timeout=30) == 0, worker.output
         assert len(json_records(worker, POLLING)) == 1  # once, however long it ran
         assert json_records(worker, LISTENING) == []
+        assert len(worker.events("listening_changed")) == 1
     assert_no_stray_notification(bouncer)
 
 
@@ -219,7 +221,7 @@ def test_listen_database_wakes_an_idle_worker_behind_the_pooler_at_once(
         options={"POLL_INTERVAL": 30, "LISTEN_DATABASE": DIRECT_ALIAS},
         args=["--concurrency", "1", "--log-format", "json", "--worker-id", "pgb-listen"],
     )
-    worker.wait_for_log(LISTENING)
+    worker.wait_for_event("listening_changed", listening=True)
     [listening] = json_records(worker, LISTENING)
     assert (listening["worker"], listening["database"]) == ("pgb-listen", DIRECT_ALIAS)
     # Idle: LISTEN done (on the direct connection), the first empty claim done (through
@@ -347,7 +349,7 @@ def test_the_checks_catch_a_listen_left_on_a_pooled_connection(
                 options={"LISTEN_DATABASE": "default", "POLL_INTERVAL": 30},
                 args=["--concurrency", "1", "--queues", "high"],
             )
-            worker.wait_for_log(LISTENING)
+            worker.wait_for_event("listening_changed", listening=True)
             produced = run_manage(
                 ["shell", "-c", ENQUEUE_AND_COLLECT.format(marker_dir=marker_dir)], env=env
             )

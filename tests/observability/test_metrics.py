@@ -118,7 +118,8 @@ def test_scraped_worker_metrics_match_the_database(workers: Workers, pool: str) 
         options={"IMPORTS": [TASKS_MODULE]},
         args=["--pool", pool, "--concurrency", "3", "--metrics-port", f"127.0.0.1:{port}"],
     )
-    worker.wait_for_log(f"metrics served on http://127.0.0.1:{port}/metrics")
+    # (start() waited for worker_started: runworker serves the metrics before the worker
+    # starts)
     count = enqueue_mix(pool)
     wait_until(
         lambda: Job.objects.filter(status__in=FINISHED_STATUSES).count() == count,

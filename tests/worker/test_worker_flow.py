@@ -331,7 +331,7 @@ def test_thread_pool_job_sees_lease_lost_and_its_late_writes_are_rejected(
     assert watch[0] == "started 1"
     assert watch[1].startswith("lost 1 ")
     assert watch[2:] == ["rejected checkpoint", "returning 1"]
-    zombie.wait_for_log(f"lease lost for job {job_id} attempt 1")
+    zombie.wait_for_event("lease_lost", job_id=job_id, attempt=1)
 
     # The slot frees up once the old thread returned: a job run after it proves the
     # main loop has collected (and voided) the old attempt's outcome.

@@ -58,7 +58,7 @@ def require_postgresql() -> None:
 
 
 def listening_and_idle(worker: WorkerProcess) -> None:
-    worker.wait_for_log("listening for new jobs", timeout=15)
+    worker.wait_for_event("listening_changed", timeout=15, listening=True)
     wait_until(
         lambda: any(mode == "listening" for _, mode in idle_waits(worker)),
         timeout=15,
@@ -162,14 +162,18 @@ def test_a_worker_whose_listener_connection_drops_polls_at_once(
             "WHERE datname = current_database() AND query = 'LISTEN leasejobs'"
         )
         assert cursor.fetchall(), "no listener connection found"
-    worker.wait_for_log("LISTEN connection failed", timeout=15)
+    [failed] = worker.wait_for_event(
+        "listening_changed", timeout=15, listening=False, reason="connection_failed"
+    )
+    assert set(failed) == {"event", "pid", "backend", "worker_id", "listening", "reason", "error"}
+    assert failed["error"], failed
     wait_until(
         lambda: (0.2, "polling") in idle_waits(worker),
         timeout=10,
         what="the worker to poll every POLL_INTERVAL",
     )
     # It listens again after its backoff, and goes back to the slow safety poll.
-    worker.wait_for_log("listening for new jobs", timeout=20, count=2)
+    worker.wait_for_event("listening_changed", timeout=20, count=2, listening=True)
     result = tasks_worker_flow.record_id.enqueue(marker_dir, "after")
     wait_until(lambda: succeeded(result.id), timeout=15, what="the job to run")
     worker.terminate()

@@ -12,7 +12,6 @@ outcome a child sent before it died counts. The worker-level test runs real
 from __future__ import annotations
 
 import os
-import re
 import selectors
 import signal
 from collections import Counter
@@ -471,9 +470,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-STARTED_LINE = re.compile(r"job (\d+) attempt (\d+) started: ")
-
-
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("pool", ["process", "thread"])
 def test_jobs_taken_back_and_given_back_were_never_announced(
@@ -497,16 +493,14 @@ def test_jobs_taken_back_and_given_back_were_never_announced(
     calls: list[Any] = [(tasks_worker_flow.wait_for_gate, [marker_dir, "long"], {})]
     calls += [(tasks_worker_flow.record_id, [marker_dir, "quick"], {})] * 40
     ids = [int(r.id) for r in task_backends["default"].bulk_enqueue(calls)]
-    worker.wait_for_log("prefetched jobs that waited", timeout=30)
+    worker.wait_for_event("prefetch_returned", timeout=30)
     _open_gate(marker_dir, "long")
     wait_until(
         lambda: Job.objects.filter(pk__in=ids, status=JobStatus.SUCCEEDED).count() == len(ids),
         timeout=60,
         what="every job",
     )
-    announced = Counter(
-        (int(job), int(attempt)) for job, attempt in STARTED_LINE.findall(worker.output)
-    )
+    announced = Counter((e["job_id"], e["attempt"]) for e in worker.events("job_started"))
     attempts = dict(Job.objects.filter(pk__in=ids + warm_ids).values_list("pk", "attempt"))
     # No attempt was used up by a job that never ran, and each that ran was announced once.
     assert set(attempts.values()) == {1}, attempts

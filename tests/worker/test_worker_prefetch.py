@@ -56,7 +56,9 @@ def test_prefetched_jobs_stuck_behind_a_long_job_go_to_another_worker(
     long_id, quick_ids = _long_then_short(marker_dir, 8)
     wait_until(lambda: read_lines(marker_dir, "long.started"), what="the long job to start")
     # The quick jobs were claimed with it (prefetch), then given back unrun.
-    first.wait_for_log("prefetched jobs that waited", timeout=20)
+    returned = first.wait_for_event("prefetch_returned", timeout=20)[0]
+    assert set(returned) == {"event", "pid", "backend", "worker_id", "count", "waited"}
+    assert returned["count"] >= 1 and returned["waited"] >= 1.0, returned
     wait_until(lambda: _given_back(quick_ids), timeout=20, what="the quick jobs back in pending")
     assert not read_lines(marker_dir, "quick.ids")
 

@@ -4,8 +4,8 @@ late writes, a worker cut off from the database, per-job timeouts and cancellati
 Every test runs real ``manage.py runworker`` subprocesses (``workers`` fixture), sends
 real signals and checks real process groups: the job's process and a grandchild it
 started must both be gone. Jobs leave their pids in ``<marker_dir>/<name>.pids``
-(tests/tasks_worker.py, tests/tasks_worker_faults.py); a worker started with
-``IMPORTS = ["tests.tasks_worker_faults"]`` logs its ``lease_lost`` signals to a file.
+(tests/tasks_worker.py, tests/tasks_worker_faults.py); the tests wait on the worker's
+events (its ``lease_lost`` signals among them: ``WorkerProcess.wait_for_event``).
 Lease times are read from the database (its clock), never from Python's. The cut-off
 test puts a small TCP proxy between the worker and PostgreSQL (TCP or Unix socket) and
 turns it into a black hole.
@@ -14,7 +14,6 @@ turns it into a black hole.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import selectors
 import signal
@@ -46,7 +45,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 LEASE_EXPIRED = "django_leasejobs.exceptions.LeaseExpired"
 JOB_TIMEOUT = "django_leasejobs.exceptions.TaskTimeout"
 JOB_CANCELLED = "django_leasejobs.exceptions.JobCancelled"
-FAULTS_MODULE = "tests.tasks_worker_faults"
 
 KILL_BOUND = 2.0
 """Seconds within which a job's process group must be gone once the worker must kill it."""
@@ -67,6 +65,13 @@ def read_pids(marker_dir: str, name: str, attempt: int = 1) -> list[int]:
         if fields and int(fields[0]) == attempt:
             return [int(pid) for pid in fields[1:]]
     return []
+
+
+def next_renewal(worker: WorkerProcess, timeout: float) -> None:
+    """Wait for the worker's next heartbeat that went through (a renewal of the leases
+    it holds, committed: ``heartbeat_sent`` without an error) after those seen so far."""
+    seen = len(worker.events("heartbeat_sent", error=None))
+    worker.wait_for_event("heartbeat_sent", timeout, count=seen + 1, error=None)
 
 
 def wait_for_pids(
@@ -147,13 +152,6 @@ def wait_status(job_id: Any, status: str, timeout: float = 15.0) -> Job:
 
 def db_now() -> datetime:
     return leases.database_now()
-
-
-def signals_logged(path: Path) -> list[dict[str, Any]]:
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line]
-    except FileNotFoundError:
-        return []
 
 
 def _sqlite_write_lock_free() -> bool:
@@ -338,14 +336,11 @@ def test_lock_loss_while_frozen_kills_the_job_and_keeps_the_newer_attempt(
     workers: Workers, marker_dir: str, case: str
 ) -> None:
     spec = LOCK_LOSS_CASES[case]
-    signal_log = Path(marker_dir) / "signals.jsonl"
     worker = workers.start(
-        options={**spec["options"], "IMPORTS": [FAULTS_MODULE]},
+        options=spec["options"],
         args=["--concurrency", "1", "--worker-id", "zombie"],
-        env={**spec["env"], tasks_worker_faults.SIGNAL_LOG_ENV: str(signal_log)},
+        env=spec["env"],
     )
-    expected_behavior = "sigterm" if spec["sigterm"] else "sigkill"
-    assert f"lock_lost={expected_behavior}" in worker.output
     task: Any
     if spec["task"] == "spawn":
         task = tasks_worker.spawn_and_wait
@@ -384,12 +379,14 @@ def test_lock_loss_while_frozen_kills_the_job_and_keeps_the_newer_attempt(
         )
         assert sigterm_marker.read_text().split() == ["1", str(job_pid)]
 
-    worker.wait_for_log(f"lease lost for job {result.id} attempt 1", timeout=5)
-    logged = wait_until(lambda: signals_logged(signal_log), 5, what="the lease_lost signal")
+    logged = worker.wait_for_event("lease_lost", timeout=5)
     assert [(s["job_id"], s["attempt"], s["worker_id"]) for s in logged] == [
         (int(result.id), 1, "zombie")
     ]
     assert logged[0]["pid"] == worker.pid
+    # (The start-up line was read long ago: the worker logged it before its lease was lost.)
+    expected_behavior = "sigterm" if spec["sigterm"] else "sigkill"
+    assert f"lock_lost={expected_behavior}" in worker.output
 
     # The newer attempt ends; the zombie's attempt must not overwrite it.
     leases.complete(int(result.id), 2, "other", result="newer")
@@ -436,7 +433,7 @@ def test_sigterm_mode_kills_the_group_after_the_grace_when_the_job_exits_alone(
     wait_gone([job_pid], KILL_BOUND, "the job, which exits on SIGTERM")
     assert (Path(marker_dir) / "g.sigterm").read_text().split() == ["1", str(job_pid)]
     wait_for_new_slot(workers, worker, [job_pid])
-    worker.wait_for_log(f"lease lost for job {result.id} attempt 1", timeout=5)
+    worker.wait_for_event("lease_lost", timeout=5, job_id=int(result.id), attempt=1)
     wait_gone(
         [grandchild],
         grace + KILL_BOUND,
@@ -449,35 +446,30 @@ def test_renewal_that_finds_the_lease_gone_kills_the_job_process_group(
 ) -> None:
     """A live worker whose lease was taken away learns it from its next renewal."""
     heartbeat = 1.0
-    signal_log = Path(marker_dir) / "signals.jsonl"
     worker = workers.start(
         # Local deadline 5 s: here the renewal, not the watchdog, must notice the loss.
         options={
             "LEASE_DURATION": 6.0,
             "HEARTBEAT_INTERVAL": heartbeat,
             "STALE_LOCK_INTERVAL": 0,
-            "IMPORTS": [FAULTS_MODULE],
         },
         args=["--concurrency", "1", "--worker-id", "renewer"],
-        env={tasks_worker_faults.SIGNAL_LOG_ENV: str(signal_log)},
     )
     result = tasks_worker.spawn_and_wait.enqueue(marker_dir, "r", 60.0)
     pids = wait_for_pids(workers, marker_dir, "r")
-    beat = job_row(result.id).heartbeat_at
-    wait_until(lambda: job_row(result.id).heartbeat_at != beat, 5, interval=0.02, what="a renewal")
+    next_renewal(worker, 5)
 
     assert Job.objects.filter(pk=result.id).update(locked_until=now_plus(-1)) == 1
     take_lease_away(int(result.id))
     wait_gone(pids, heartbeat + KILL_BOUND, "the job's process group after a lost renewal")
     wait_for_new_slot(workers, worker, pids)
 
-    worker.wait_for_log(f"lease lost for job {result.id} attempt 1", timeout=5)
-    assert "the renewal matched no row" in worker.output
-    assert "cut off from the database" not in worker.output
-    logged = wait_until(lambda: signals_logged(signal_log), 5, what="the lease_lost signal")
+    logged = worker.wait_for_event("lease_lost", timeout=5)
     assert [(s["job_id"], s["attempt"], s["worker_id"]) for s in logged] == [
         (int(result.id), 1, "renewer")
     ]
+    assert "the renewal matched no row" in logged[0]["reason"]
+    assert "cut off from the database" not in logged[0]["reason"]
     row = job_row(result.id)
     assert (row.status, row.attempt, row.locked_by) == (JobStatus.RUNNING, 2, "other")
     assert attempts(result.id) == [(1, AttemptOutcome.LEASE_EXPIRED, LEASE_EXPIRED, "renewer")]
@@ -493,29 +485,23 @@ def test_late_write_of_a_stolen_lease_is_rejected(
     away (expired in database time, reaped, re-claimed and completed by another
     owner) and the job then ends: the worker's complete/fail must match no row.
     """
-    signal_log = Path(marker_dir) / "signals.jsonl"
     worker = workers.start(
         # No in-worker reaper: this test reaps itself, at a moment it chooses.
         options={"LEASE_DURATION": 9.0, "HEARTBEAT_INTERVAL": 3.0, "STALE_LOCK_INTERVAL": 0},
         args=["--concurrency", "1", "--worker-id", "late"],
-        env={tasks_worker_faults.SIGNAL_LOG_ENV: str(signal_log)},
     )
     result = tasks_worker_faults.finish_on_go.enqueue(marker_dir, "late", how)
     wait_for_pids(workers, marker_dir, "late")
 
     # Right after a renewal, the next one is a whole heartbeat interval (3 s) away.
-    beat = job_row(result.id).heartbeat_at
-    wait_until(lambda: job_row(result.id).heartbeat_at != beat, 8, interval=0.02, what="a renewal")
+    next_renewal(worker, 8)
     assert Job.objects.filter(pk=result.id).update(locked_until=now_plus(-1)) == 1
     take_lease_away(int(result.id))
     leases.complete(int(result.id), 2, "other", result="newer")
     (Path(marker_dir) / "late.go").touch()
 
     transition = "complete" if how == "return" else "fail"
-    worker.wait_for_log(
-        f"lease lost for job {result.id} attempt 1: lease lost: {transition} of job", timeout=5
-    )
-    logged = wait_until(lambda: signals_logged(signal_log), 5, what="the lease_lost signal")
+    logged = worker.wait_for_event("lease_lost", timeout=5)
     assert [(s["job_id"], s["attempt"], s["worker_id"]) for s in logged] == [
         (int(result.id), 1, "late")
     ]
@@ -669,13 +655,7 @@ def test_worker_cut_off_from_the_database_kills_the_job_before_its_lease_expires
     pids = wait_for_pids(workers, marker_dir, "cut")
     assert db_proxy.connections >= 1, "the worker does not use the proxy"
     # Let at least one renewal go through the proxy first.
-    claimed_until = job_row(result.id).locked_until
-    wait_until(
-        lambda: job_row(result.id).locked_until != claimed_until,
-        heartbeat + 5,
-        interval=0.02,
-        what="a renewal through the proxy",
-    )
+    next_renewal(worker, heartbeat + 5)
 
     db_proxy.cut()
     cut_at = time.monotonic()
@@ -697,8 +677,9 @@ def test_worker_cut_off_from_the_database_kills_the_job_before_its_lease_expires
     # Nothing reached the database: the row still shows the cut-off worker's lease.
     assert (row.status, row.attempt, row.locked_by) == (JobStatus.RUNNING, 1, "cut")
     assert waited < lease
-    worker.wait_for_log("cut off from the database", timeout=5)
-    assert f"lease lost for job {result.id} attempt 1" in worker.output
+    [lost] = worker.wait_for_event("lease_lost", timeout=5)
+    assert (lost["job_id"], lost["attempt"], lost["worker_id"]) == (int(result.id), 1, "cut")
+    assert "cut off from the database" in lost["reason"], lost
 
 
 # --------------------------------------------------------------------------- 6. timeout, cancel

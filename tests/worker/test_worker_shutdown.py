@@ -100,7 +100,7 @@ def test_first_signal_stops_claiming_and_lets_the_running_job_finish(
     assert (job_id, attempt) == (int(long.id), 1)
 
     worker.signal(signum)
-    worker.wait_for_log(f"{signum.name}: stop claiming")
+    worker.wait_for_event("worker_stopping", reason=signum.name, forced=False)
     _wait_for_state(worker_id, WorkerState.STOPPING)
 
     # A slot is free, a job is ready and announced (NOTIFY on PostgreSQL): a worker that
@@ -139,6 +139,7 @@ def test_first_signal_stops_claiming_and_lets_the_running_job_finish(
     assert not (Path(marker_dir) / "late.runs").exists()
 
     _assert_deregistered(worker, worker_id)
+    assert [e["attempts"] for e in worker.events("worker_stopped")] == [1]
     assert "stopped after 1 attempts" in worker.output
     for pid in [*slots, job_pid]:
         if pid != worker.pid:
@@ -166,7 +167,7 @@ def test_second_signal_kills_the_running_job_and_releases_it(
     assert attempt == 1
 
     worker.terminate()
-    worker.wait_for_log("SIGTERM: stop claiming")
+    worker.wait_for_event("worker_stopping", reason="SIGTERM", forced=False)
     assert Job.objects.get(pk=job.id).status == JobStatus.RUNNING
 
     signalled = time.monotonic()
@@ -174,6 +175,8 @@ def test_second_signal_kills_the_running_job_and_releases_it(
     assert worker.wait(timeout=15) == 0, worker.output
     took = time.monotonic() - signalled
     assert took < 8, f"forced shutdown took {took:.1f}s"
+    stops = [(e["reason"], e["forced"]) for e in worker.events("worker_stopping")]
+    assert stops == [("SIGTERM", False), ("SIGTERM", True)], worker.output
     assert "SIGTERM again" in worker.output
 
     _assert_released(job.id, worker_id)

@@ -9,10 +9,7 @@ SIGHUP ignored (``nohup``) keeps ignoring it.
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
-import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -23,7 +20,7 @@ from django_leasejobs.models import Job, JobStatus, WorkerState
 from django_leasejobs.models import Worker as WorkerRow
 from tests.tasks_worker_shutdown import wait_for_go
 from tests.waiting import wait_until
-from tests.worker_harness import FAST_OPTIONS, MANAGE_PY, REPO_ROOT, WorkerProcess, pid_alive
+from tests.worker_harness import pid_alive
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -54,7 +51,7 @@ def test_sighup_stops_gracefully_and_a_second_one_does_not_force(
     assert (job_id, attempt) == (int(long.id), 1)
 
     worker.signal(signal.SIGHUP)
-    worker.wait_for_log("SIGHUP: stop claiming")
+    worker.wait_for_event("worker_stopping", reason="SIGHUP", forced=False)
     wait_until(
         lambda: WorkerRow.objects.filter(pk=worker_id, state=WorkerState.STOPPING).exists(),
         timeout=10,
@@ -77,6 +74,8 @@ def test_sighup_stops_gracefully_and_a_second_one_does_not_force(
 
     (Path(marker_dir) / "long.go").touch()
     assert worker.wait(timeout=20) == 0, worker.output
+    stops = [(e["reason"], e["forced"]) for e in worker.events("worker_stopping")]
+    assert stops == [("SIGHUP", False)], worker.output
     assert "SIGHUP again" not in worker.output
     job = Job.objects.get(pk=long.id)
     assert (job.status, job.attempt, job.result) == (JobStatus.SUCCEEDED, 1, 1), worker.output
@@ -87,30 +86,21 @@ def test_sighup_stops_gracefully_and_a_second_one_does_not_force(
             wait_until(lambda pid=pid: not pid_alive(pid), timeout=5, what=f"{pid} to exit")
 
 
-def test_a_worker_started_with_sighup_ignored_keeps_ignoring_it(
-    workers, subprocess_env: dict[str, str]
-) -> None:
+def test_a_worker_started_with_sighup_ignored_keeps_ignoring_it(workers) -> None:
     worker_id = f"sighup-nohup-{uuid.uuid4().hex[:8]}"
-    popen = subprocess.Popen(
-        [sys.executable, str(MANAGE_PY), "runworker", "--worker-id", worker_id],
-        cwd=REPO_ROOT,
-        env={**subprocess_env, "LEASEJOBS_TEST_OPTIONS": json.dumps(FAST_OPTIONS)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        # As nohup does: the disposition "ignored" survives the exec.
+    # As nohup does: the disposition "ignored" survives the exec.
+    worker = workers.start(
+        args=["--worker-id", worker_id],
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
     )
-    worker = WorkerProcess(popen)
-    workers.started.append(worker)  # killed at teardown if still alive
-    worker.wait_for_log("started: backend=")
 
     # Python runs pending handlers in signal-number order: had runworker installed a
     # SIGHUP handler, it would log "SIGHUP: stop claiming" and then "SIGTERM again".
     worker.signal(signal.SIGHUP)
     worker.terminate()
     assert worker.wait(timeout=20) == 0, worker.output
+    stops = [(e["reason"], e["forced"]) for e in worker.events("worker_stopping")]
+    assert stops == [("SIGTERM", False)], worker.output
     assert "SIGTERM: stop claiming" in worker.output
     assert "SIGHUP" not in worker.output
     assert WorkerRow.objects.get(pk=worker_id).state == WorkerState.STOPPED
