@@ -68,6 +68,12 @@ again; ``"pooler"``: the connection goes through a connection pooler, the worker
 for good), error (what failed or why the connection counts as pooled; None while
 listening). Not sent when the worker stops."""
 
+worker_idle = Signal()
+"""A worker's claim found no job: it looks again after ``wait`` seconds unless a
+notification, a slot or a stop wakes it first. Extra: worker_id, wait (seconds),
+listening (bool: waiting on ``NOTIFY``, so ``wait`` is the safety poll or the next
+delayed job's due time; else it polls every ``POLL_INTERVAL``)."""
+
 prefetch_returned = Signal()
 """A worker gives back prefetched jobs that waited too long for a slot (behind long jobs),
 so other workers can run them. Extra: worker_id, count (jobs), waited (seconds the

@@ -31,6 +31,7 @@ WORKER_SIGNALS: dict[str, Signal] = {
         "worker_stopped",
         "listening_changed",
         "prefetch_returned",
+        "worker_idle",
         "jobs_claimed",
         "heartbeat_sent",
         "job_started",

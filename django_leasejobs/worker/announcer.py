@@ -20,6 +20,7 @@ from ..signals import (
     jobs_claimed,
     listening_changed,
     prefetch_returned,
+    worker_idle,
     worker_started,
     worker_stopped,
     worker_stopping,
@@ -110,6 +111,17 @@ class Announcer:
 
     def claimed(self, count: int, limit: int) -> None:
         self._announce(jobs_claimed, count=count, limit=limit)
+
+    def idle(self, wait: float, *, listening: bool) -> None:
+        """An empty claim: the worker waits ``wait`` seconds before it looks again."""
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "no job ready; next look for work in %.3fs (%s)",
+                wait,
+                "listening" if listening else "polling",
+                extra={"worker": self.worker_id, "duration": round(wait, 6)},
+            )
+        self._announce(worker_idle, wait=wait, listening=listening)
 
     def gave_back(self, count: int) -> None:
         if count:

@@ -200,14 +200,19 @@ class RoundDriver:
 
     # -- the rhythm of claims ------------------------------------------------------------
 
-    def claimed(self, count: int, limit: int, *, listening: bool) -> None:
+    def claimed(self, count: int, limit: int, *, listening: bool) -> float | None:
+        """Note a claim's size; after an empty one, return how long the worker now waits
+        before it looks for work again (unless woken), else None."""
         self.last_claimed = count
         if count >= limit:
             self.claim_wanted = True  # a full batch: there may be more ready jobs now
         elif not count:
-            self.next_poll = time.monotonic() + self._idle_wait(listening)
+            wait = self._until_next_look(listening)
+            self.next_poll = time.monotonic() + wait
+            return wait
+        return None
 
-    def _idle_wait(self, listening: bool) -> float:
+    def _until_next_look(self, listening: bool) -> float:
         """How long an idle worker waits before it looks for work again (unless woken).
 
         Not listening: ``POLL_INTERVAL``. Listening: ``IDLE_POLL_INTERVAL`` (the safety
@@ -215,17 +220,6 @@ class RoundDriver:
         already that the claim did not get (another worker's claim held it) is looked
         for again after ``POLL_INTERVAL``.
         """
-        wait = self._until_next_look(listening)
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "no job ready; next look for work in %.3fs (%s)",
-                wait,
-                "listening" if listening else "polling",
-                extra={"worker": self.worker_id, "duration": round(wait, 6)},
-            )
-        return wait
-
-    def _until_next_look(self, listening: bool) -> float:
         poll = wait = self.options.poll_interval
         if listening:
             wait = self.options.idle_poll_interval

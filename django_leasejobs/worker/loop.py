@@ -370,7 +370,9 @@ class Worker:
         if result.claimed is not None:
             claimed = result.claimed
             self.reporter.claimed(len(claimed), plan.claim_limit)
-            self.rounds.claimed(len(claimed), plan.claim_limit, listening=self.listening)
+            idle = self.rounds.claimed(len(claimed), plan.claim_limit, listening=self.listening)
+            if idle is not None:
+                self.reporter.idle(idle, listening=self.listening)
             self.handover.take_claimed(claimed)
 
     def _pace(self, took: float, what: str) -> None:

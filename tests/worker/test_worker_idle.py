@@ -3,9 +3,9 @@
 A worker whose listener is listening (PostgreSQL, direct connection) waits on NOTIFY
 and looks for work only every ``IDLE_POLL_INTERVAL`` and when the next delayed job of
 its queues comes due; a worker that cannot listen (SQLite, a lost listener
-connection) polls every ``POLL_INTERVAL``. Every claim of an idle worker leaves one
-DEBUG line ``no job ready; next look for work in ...s (listening|polling)``, which is
-what these tests count.
+connection) polls every ``POLL_INTERVAL``. Every empty claim sends ``worker_idle`` with
+the wait the worker chose (and logs the DEBUG line ``no job ready; next look for work in
+...s (listening|polling)``): these tests count the events.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from tests.worker_harness import WorkerProcess, Workers
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EXIT_TIMEOUT = 30.0
-IDLE_LINE = re.compile(r"no job ready; next look for work in ([0-9.]+)s \((listening|polling)\)")
 OPTIONS = {"POLL_INTERVAL": 0.2, "IDLE_POLL_INTERVAL": 60}
 ARGS = ["--concurrency", "1", "--log-level", "DEBUG", "--no-scheduler"]
 FRESH = {"DJANGO_SETTINGS_MODULE": "tests.settings_fresh"}
@@ -39,8 +38,12 @@ FRESH = {"DJANGO_SETTINGS_MODULE": "tests.settings_fresh"}
 
 
 def idle_waits(worker: WorkerProcess) -> list[tuple[float, str]]:
-    """Every idle wait the worker chose so far: (seconds, listening or polling)."""
-    return [(float(m[1]), m[2]) for m in IDLE_LINE.finditer(worker.output)]
+    """Every idle wait the worker chose so far (its ``worker_idle`` events): (seconds,
+    rounded as its DEBUG line prints them, listening or polling)."""
+    return [
+        (round(float(e["wait"]), 3), "listening" if e["listening"] else "polling")
+        for e in worker.events("worker_idle")
+    ]
 
 
 def job(pk: int | str) -> Job:
@@ -59,11 +62,7 @@ def require_postgresql() -> None:
 
 def listening_and_idle(worker: WorkerProcess) -> None:
     worker.wait_for_event("listening_changed", timeout=15, listening=True)
-    wait_until(
-        lambda: any(mode == "listening" for _, mode in idle_waits(worker)),
-        timeout=15,
-        what="the worker's first idle wait while listening",
-    )
+    worker.wait_for_event("worker_idle", timeout=15, listening=True)
 
 
 def test_an_idle_listening_worker_waits_on_notify_not_on_the_poll(
