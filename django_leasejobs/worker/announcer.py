@@ -112,6 +112,16 @@ class Announcer:
     def claimed(self, count: int, limit: int) -> None:
         self._announce(jobs_claimed, count=count, limit=limit)
 
+    def pace_changed(self, what: str, took: float, *, slow: bool) -> None:
+        """The worker claims for free slots only (``slow``), or prefetches again."""
+        logger.info(
+            "%s took %.3fs: %s",
+            what,
+            took,
+            "claiming for free slots only, no prefetch" if slow else "prefetching again",
+            extra={"worker": self.worker_id, "duration": round(took, 6)},
+        )
+
     def idle(self, wait: float, *, listening: bool) -> None:
         """An empty claim: the worker waits ``wait`` seconds before it looks again."""
         if logger.isEnabledFor(logging.DEBUG):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import selectors
 from dataclasses import dataclass
 
 Lease = tuple[int, int]
@@ -104,6 +105,8 @@ class Inbox:
         self._notified = False
         """A ``JobsMayBeReady`` waits: a NOTIFY flood is one message."""
         self.fileno, self._wake_w = os.pipe()
+        self._selector: selectors.BaseSelector | None = None
+        self._selected: list[int] = []
         os.set_blocking(self.fileno, False)
         os.set_blocking(self._wake_w, False)
 
@@ -133,7 +136,25 @@ class Inbox:
                 messages.append(self._messages.get_nowait())
         return messages
 
+    def wait(self, waitables: list[int], timeout: float) -> None:
+        """Sleep until one of ``waitables`` (the slots' bells and sentinels) or this
+        inbox is readable, or ``timeout`` passes.
+
+        One selector is kept across calls (rebuilt when the pool replaces a slot):
+        building one per pass costs more than the rest of a short job's bookkeeping.
+        """
+        if self._selector is None or self._selected != waitables:
+            if self._selector is not None:
+                self._selector.close()
+            self._selector = selectors.DefaultSelector()
+            for item in [*waitables, self.fileno]:
+                self._selector.register(item, selectors.EVENT_READ)
+            self._selected = waitables
+        self._selector.select(timeout)
+
     def close(self) -> None:
+        if self._selector is not None:
+            self._selector.close()
         for fd in (self.fileno, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -23,7 +23,6 @@ loop, and tell it what they found through its inbox (``inbox.py``).
 from __future__ import annotations
 
 import logging
-import selectors
 import signal
 import threading
 import time
@@ -35,7 +34,7 @@ from .. import registry
 from ..backend import LeaseJobsBackend
 from ..compat import task_backends
 from ..leases import storable_text
-from .config import SAME_STOP_WINDOW, WorkerConfig, default_worker_id
+from .config import WorkerConfig, default_worker_id
 from .dispatch import Dispatcher
 from .driver import RoundDriver
 from .handover import Handover
@@ -60,6 +59,7 @@ from .recorder import Recorder
 from .reporter import Reporter
 from .scheduler import Scheduler
 from .shared import LeaseTable, StatusBoard, WorkerStatus
+from .stopping import Shutdown
 from .threads import ThreadContext, WorkerThread
 from .watchdog import Watchdog
 
@@ -139,18 +139,13 @@ class Worker:
             pool=self.pool.kind,
             concurrency=config.concurrency,
         )
-        self.stopping = False
-        self.force = False
-        self.stop_heard_at = -SAME_STOP_WINDOW
+        self.shutdown = Shutdown(config.shutdown_timeout, config.supervised)
         """When the signal that began the stop arrived."""
-        self.shutdown_deadline: float | None = None
         self.listening = False
         """The listener's ``LISTEN`` is active: NOTIFY wakes this worker, so when idle it
         polls only every ``IDLE_POLL_INTERVAL`` and when its next delayed job comes due."""
         self._threads: list[WorkerThread] = []
         self._stop_threads = threading.Event()
-        self._selector: selectors.BaseSelector | None = None
-        self._selected: list[int] = []
 
     @property
     def problem(self) -> str:
@@ -243,7 +238,7 @@ class Worker:
                 if self.handover.slot_freed:
                     self.handover.slot_freed = False
                     self.rounds.claim_wanted = True
-                if self.stopping:
+                if self.shutdown.stopping:
                     self.handover.give_back_ready()
                 self.handover.dispatch()
                 self.handover.give_back_stale()
@@ -254,22 +249,20 @@ class Worker:
                     if self.rounds.in_flight:
                         continue  # (it may already be done: look again before waiting)
                 idle = not self.rounds.in_flight and not self.recorder.writes
-                if self.stopping:
-                    if self.force or time.monotonic() >= (self.shutdown_deadline or 0.0):
+                if self.shutdown.stopping:
+                    if self.shutdown.jobs_must_stop():
                         self.handover.stop_all("shutdown")
                         if self.rounds.failures and not self.rounds.in_flight:
                             self.recorder.abandon()
                     if not self.book and idle:
                         return
                 elif self._done_by_limits(idle):
-                    self._begin_stop()
+                    self.shutdown.begin()
                     continue
                 self._publish_status()
-                self._sleep(self._wait_timeout())
+                self.inbox.wait(self.pool.waitables(), self._wait_timeout())
         finally:
             self.rounds.close()
-            if self._selector is not None:
-                self._selector.close()
 
     def _act_on(self, message: Message) -> None:
         if isinstance(message, LeaseLost | TimedOut):
@@ -297,27 +290,11 @@ class Worker:
             self._stop_asked(message)
 
     def _stop_asked(self, message: StopAsked) -> None:
-        name = message.signal_name
-        if name == "SIGHUP" and self.stopping:
-            # A closing terminal sends SIGHUP twice (the shell forwards it, then the kernel
-            # sends it when the shell exits): the hang-up asks for a graceful stop, never
-            # a forced one.
-            return
-        if self.config.supervised and message.at - self.stop_heard_at < SAME_STOP_WINDOW:
-            # A process manager signalled the whole group while the supervisor passed the
-            # signal on: one request heard twice.
-            return
-        forced = self.stopping
-        if forced:
-            self.force = True
-        else:
-            self.stop_heard_at = message.at
-            self._begin_stop()
-        self.reporter.stop_asked(name, self.config.shutdown_timeout, forced=forced)
-
-    def _begin_stop(self) -> None:
-        self.stopping = True
-        self.shutdown_deadline = time.monotonic() + self.config.shutdown_timeout
+        answer = self.shutdown.asked(message)
+        if answer != "ignored":
+            self.reporter.stop_asked(
+                message.signal_name, self.shutdown.timeout, forced=answer == "forced"
+            )
 
     def _done_by_limits(self, idle: bool) -> bool:
         max_jobs = self.config.max_jobs
@@ -327,7 +304,7 @@ class Worker:
 
     def _publish_status(self) -> None:
         status = WorkerStatus(
-            state="stopping" if self.stopping else "running",
+            state="stopping" if self.shutdown.stopping else "running",
             problem=self.problem,
             listening=self.listening,
         )
@@ -353,7 +330,7 @@ class Worker:
         self.rounds.start(plan, listening=self.listening, burst=self.config.burst)
 
     def _claim_limit(self) -> int:
-        if self.stopping:
+        if self.shutdown.stopping:
             return 0
         max_jobs = self.config.max_jobs
         jobs_left = None if max_jobs is None else max_jobs - self.book.finished - len(self.book)
@@ -378,33 +355,9 @@ class Worker:
     def _pace(self, took: float, what: str) -> None:
         """Claim less while rounds or renewals are slow (``dispatch.SLOW_ROUND_SHARE``)."""
         if self.dispatcher.took(took, time.monotonic()):
-            logger.info(
-                "%s took %.3fs: %s",
-                what,
-                took,
-                "claiming for free slots only, no prefetch"
-                if self.dispatcher.rounds_slow
-                else "prefetching again",
-                extra={"worker": self.worker_id, "duration": round(took, 6)},
-            )
+            self.reporter.pace_changed(what, took, slow=self.dispatcher.rounds_slow)
 
     # ------------------------------------------------------------------ waiting
-
-    def _sleep(self, timeout: float) -> None:
-        """Wait until a slot reports, the inbox has news, or ``timeout`` passes.
-
-        One selector is kept across passes (rebuilt when the pool replaces a slot):
-        building one per pass costs more than the rest of a short job's bookkeeping.
-        """
-        waitables = self.pool.waitables()
-        if self._selector is None or self._selected != waitables:
-            if self._selector is not None:
-                self._selector.close()
-            self._selector = selectors.DefaultSelector()
-            for item in [*waitables, self.inbox.fileno]:
-                self._selector.register(item, selectors.EVENT_READ)
-            self._selected = waitables
-        self._selector.select(timeout)
 
     def _wait_timeout(self) -> float:
         """How long the loop may sleep: until the next poll, a retry, a stop check, a
@@ -415,7 +368,7 @@ class Worker:
             # This pass could start no round (every slot busy, or outcomes waiting for a
             # renewal): a slot, the inbox or a finished round wakes the loop before then.
             timeout = self.options.poll_interval
-        if self.stopping:
+        if self.shutdown.stopping:
             timeout = min(timeout, STOPPING_LOOK)
         wait_end = self.handover.oldest_wait_end()
         if wait_end is not None and not self.rounds.in_flight:

@@ -36,14 +36,14 @@ def test_a_worker_with_every_slot_busy_sleeps_until_something_happens(
         wait_for_go.enqueue(marker_dir, "long")
         worker = Worker(WorkerConfig(pool=pool, concurrency=1, burst=True, prefetch=0))
         passes = 0
-        sleep = worker._sleep
+        sleep = worker.inbox.wait
 
-        def counted(timeout: float) -> None:
+        def counted(waitables: list[int], timeout: float) -> None:
             nonlocal passes
             passes += 1
-            sleep(timeout)
+            sleep(waitables, timeout)
 
-        worker._sleep = counted  # type: ignore[method-assign]
+        worker.inbox.wait = counted  # type: ignore[method-assign]
         beats: list[int] = []
         window = threading.Event()
 
