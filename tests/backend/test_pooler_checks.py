@@ -18,6 +18,7 @@ from django.core.checks import run_checks
 from django.db import connection, connections
 from django.test import override_settings
 
+from django_leasejobs.compat import task_backends
 from django_leasejobs.conf import (
     E_BAD_VALUE,
     E_LISTEN_DATABASE_NOT_POSTGRESQL,
@@ -131,7 +132,12 @@ class CountingInbox:
 def stand_in(options: Options, database: str = "default") -> SimpleNamespace:
     """What a Listener reads of its ``ThreadContext``."""
     return SimpleNamespace(
-        options=options, database=database, worker_id="w-pooler", queues=None, inbox=CountingInbox()
+        options=options,
+        database=database,
+        worker_id="w-pooler",
+        queues=None,
+        inbox=CountingInbox(),
+        backend=task_backends["default"],
     )
 
 

@@ -79,7 +79,7 @@ def test_an_idle_ticks_touch_and_reap_pass_share_one_transaction(worker: Worker)
 def test_a_changed_state_is_written_on_the_next_beat(worker: Worker) -> None:
     heartbeat = Heartbeat(worker.thread_context(), threading.Event())
     tick(worker, heartbeat, beat=True, reap=False)
-    worker.stopping = True
+    worker.shutdown.begin()
     worker._publish_status()  # (the main loop publishes its state each pass)
     statements = tick(worker, heartbeat, beat=True, reap=False)
     assert statements.on("leasejobs_worker") == [False], statements.seen

@@ -234,6 +234,10 @@ class Command(BaseCommand):
                         f"or {flag} (for metrics of several workers, start one runworker "
                         "per --metrics-port)"
                     )
+        if processes == 1 and not options["reload"]:
+            # A port that cannot be served is a mistake in the command line: say so before
+            # the database is touched (waited for, checked).
+            serve_metrics(options["metrics_port"])
         # Once, here, before any slot is forked, thread started or worker forked.
         self._wait_for_database(options)
         if processes > 1:
@@ -253,7 +257,6 @@ class Command(BaseCommand):
 
             autoreload.run_with_reloader(run_reloaded)
             return
-        serve_metrics(options["metrics_port"])
         code = Worker(config).run()
         if code:
             raise CommandError(f"worker exited with status {code}", returncode=code)
