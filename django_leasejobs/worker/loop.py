@@ -344,6 +344,12 @@ class Worker:
         plan, result, took = self.rounds.take()
         self.recorder.finish(plan, result)
         self._pace(took, "database round")
+        if plan.writes and result.claimed is None and result.error is None:
+            # Outcomes written without a claim (it came before, and found the rows
+            # still running) may have freed a concurrency key or limit: an empty claim
+            # made before them no longer says there is no work (--burst exits on it).
+            self.rounds.last_claimed = None
+            self.rounds.claim_wanted = True
         if result.claimed is not None:
             claimed = result.claimed
             self.reporter.claimed(len(claimed), plan.claim_limit)
