@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -37,14 +37,16 @@ class LeaseTaskResult(TaskResult):  # type: ignore[misc]
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def refresh(self) -> None:
-        TaskResult.refresh(self)  # explicit: zero-argument super() breaks with slots
-        fresh = self.task.get_backend().get_result(self.id)
-        object.__setattr__(self, "metadata", getattr(fresh, "metadata", {}))
+        """Reload from the job row: one query, every field (``metadata`` too)."""
+        self._copy(self.task.get_backend().get_result(self.id))
 
     async def arefresh(self) -> None:
-        await TaskResult.arefresh(self)
-        fresh = await self.task.get_backend().aget_result(self.id)
-        object.__setattr__(self, "metadata", getattr(fresh, "metadata", {}))
+        self._copy(await self.task.get_backend().aget_result(self.id))
+
+    def _copy(self, fresh: TaskResult) -> None:
+        for name in (f.name for f in fields(self)):
+            if name not in ("task", "id"):
+                object.__setattr__(self, name, getattr(fresh, name, {}))
 
 
 def attempt_history(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import transaction
@@ -150,6 +151,17 @@ def test_the_task_changes_its_metadata_and_it_is_saved_when_the_attempt_ends() -
     assert second.result == 2  # the failed attempt's change was kept
     done = tasks_next_api.count_runs.get_result(result.id)
     assert done.metadata == {"source": "test", "runs": 2}
+
+
+def test_refresh_reloads_the_metadata_with_the_rest_in_one_lookup(
+    django_assert_max_num_queries: Any,
+) -> None:
+    result = tasks_next_api.count_runs.using(metadata={"source": "test"}).enqueue()
+    run_jobs()
+    with django_assert_max_num_queries(2):  # get_result's: the job row, its attempts
+        result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 1
+    assert result.metadata == {"source": "test", "runs": 1}
 
 
 def test_save_metadata_stores_it_during_the_run() -> None:
