@@ -217,32 +217,18 @@ def main(argv: list[str] | None = None) -> int:
     for path in (REPO_ROOT / "testproject", REPO_ROOT, REPO_ROOT / "bench"):
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))
-    import environ
-    import psycopg
-    from pgserver import create_database, drop_database
+    from pgserver import connect_admin, create_database, django_url_config, drop_database
 
     from testproject.embedded_db import settings_to_database_url
 
     admin_url = os.environ.get("DATABASE_URL", DEFAULT_ADMIN_URL)
-    # Read as Django reads it (a Unix socket directory in the host, say, as the test
-    # suite's embedded server gives), not as a libpq URI.
-    config = environ.Env.db_url_config(admin_url)
+    config = django_url_config(admin_url)
     if not config["ENGINE"].endswith("postgresql"):
         raise SystemExit(
             f"bench/admin_big_values.py needs PostgreSQL, DATABASE_URL is {admin_url!r}"
         )
-    conninfo = {
-        "dbname": config["NAME"],
-        "user": config.get("USER") or None,
-        "password": config.get("PASSWORD") or None,
-        "host": config.get("HOST") or None,
-        "port": config.get("PORT") or None,
-        **config.get("OPTIONS", {}),
-    }
     size = int(args.size_mb * MiB)
-    with psycopg.connect(
-        autocommit=True, **{k: v for k, v in conninfo.items() if v is not None}
-    ) as admin:
+    with connect_admin(config) as admin:
         create_database(admin, args.db_name, MARK)
         try:
             bench_url = settings_to_database_url({**config, "NAME": args.db_name})

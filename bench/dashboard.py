@@ -132,12 +132,11 @@ class BenchDatabase:
     """Creates, checks and drops the bench's own database through an admin connection."""
 
     def __init__(self, url: str, name: str) -> None:
-        import environ
-        import psycopg
+        from pgserver import connect_admin, django_url_config
 
         from testproject.embedded_db import settings_to_database_url
 
-        config = environ.Env.db_url_config(url)
+        config = django_url_config(url)
         if not config["ENGINE"].endswith("postgresql"):
             raise SystemExit(f"bench/dashboard.py needs PostgreSQL, DATABASE_URL is {url!r}")
         if config["NAME"] == name:
@@ -147,17 +146,7 @@ class BenchDatabase:
             )
         self.name = name
         self.url = settings_to_database_url({**config, "NAME": name})
-        conninfo = {
-            "dbname": config["NAME"],
-            "user": config.get("USER") or None,
-            "password": config.get("PASSWORD") or None,
-            "host": config.get("HOST") or None,
-            "port": config.get("PORT") or None,
-            **config.get("OPTIONS", {}),  # e.g. sslmode from the URL's query string
-        }
-        self.admin = psycopg.connect(
-            autocommit=True, **{k: v for k, v in conninfo.items() if v is not None}
-        )
+        self.admin = connect_admin(config)
         self.filled_at = ""
 
     def _comment(self) -> str | None:
@@ -686,7 +675,7 @@ def report(results: list[Scenario], target: float, show_queries: bool) -> list[S
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    for path in (REPO_ROOT / "testproject", REPO_ROOT):
+    for path in (REPO_ROOT / "testproject", REPO_ROOT, REPO_ROOT / "bench"):
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))
 

@@ -153,6 +153,28 @@ def _embedded_bindir() -> tuple[Path, str]:
     return bindir, user
 
 
+def django_url_config(url: str) -> dict[str, Any]:
+    """``url`` read as Django reads ``DATABASE_URL`` (django-environ): a Unix socket
+    directory in the host, say, as the test suite's embedded server gives."""
+    import environ
+
+    config: dict[str, Any] = environ.Env.db_url_config(url)
+    return config
+
+
+def connect_admin(config: dict[str, Any]) -> psycopg.Connection[Any]:
+    """An autocommit connection to the database ``config`` (``django_url_config``) names."""
+    conninfo = {
+        "dbname": config["NAME"],
+        "user": config.get("USER") or None,
+        "password": config.get("PASSWORD") or None,
+        "host": config.get("HOST") or None,
+        "port": config.get("PORT") or None,
+        **config.get("OPTIONS", {}),  # e.g. sslmode from the URL's query string
+    }
+    return psycopg.connect(autocommit=True, **{k: v for k, v in conninfo.items() if v is not None})
+
+
 def with_database(url: str, name: str) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path=f"/{name}"))
