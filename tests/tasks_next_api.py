@@ -64,3 +64,10 @@ def save_midway(context: Any) -> Any:
     stored = Job.objects.get(pk=context.job_id).metadata
     context.metadata["step"] = "done"
     return stored
+
+
+@task(takes_context=True)
+def unstorable_metadata(context: Any) -> str:
+    """Puts a value that is not JSON in its metadata and succeeds all the same."""
+    context.metadata["when"] = object()
+    return "done"

@@ -7,8 +7,8 @@ plain, picklable :class:`Outcome` (JSON result, or error class path + traceback)
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import logging
 import math
 import threading
 import time
@@ -37,6 +37,8 @@ from ..results import live_result, task_as_enqueued, task_error
 from ..retry import DEFAULT_MAX_SNOOZES, RETRIED, Backoff, Decision, Verdict, verdict
 from ..serialization import json_value
 from ..tracing import traced
+
+logger = logging.getLogger("django_leasejobs")
 
 NOT_RETRIED = Verdict(Decision.FAIL, "not retried: it would fail the same way again")
 
@@ -168,12 +170,20 @@ class JobContext(TaskContext):  # type: ignore[misc, type-arg]
     def save_changed_metadata(self) -> None:
         """At the attempt's end: store :attr:`metadata` if the task changed it since it
         was read or last saved. Never raises: a lease lost meanwhile, or a value that is
-        not JSON, leaves the stored metadata as it was."""
+        not JSON, leaves the stored metadata as it was, with a WARNING that says why."""
         if "metadata" not in self._state:
             return
-        with contextlib.suppress(Exception):
+        try:
             if self._state["metadata"] != self._state["metadata_saved"]:
                 self.save_metadata()
+        except Exception as exc:  # noqa: BLE001 - the attempt's outcome must still be sent
+            logger.warning(
+                "metadata of job %s (attempt %s) not saved at the attempt's end: %s",
+                self.job_id,
+                self.attempt_number,
+                storable_text(f"{type(exc).__name__}: {exc}", 500),
+                extra={"job_id": self.job_id, "attempt": self.attempt_number},
+            )
 
 
 def error_info(exc: BaseException) -> ErrorInfo:

@@ -169,3 +169,19 @@ def test_save_metadata_stores_it_during_the_run() -> None:
     [run] = run_jobs()
     assert run.result == {"step": "saved"}
     assert tasks_next_api.save_midway.get_result(result.id).metadata == {"step": "done"}
+
+
+def test_metadata_not_json_at_the_attempts_end_is_left_as_stored_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The attempt's outcome stands (the job succeeds); the stored metadata stays as it
+    was, and a WARNING on the package's logger says which job and why."""
+    result = tasks_next_api.unstorable_metadata.using(metadata={"tenant": "acme"}).enqueue()
+    with caplog.at_level("WARNING", logger="django_leasejobs"):
+        [run] = run_jobs()
+    assert (run.status, run.result) == ("succeeded", "done")
+    assert tasks_next_api.unstorable_metadata.get_result(result.id).metadata == {"tenant": "acme"}
+    [record] = [r for r in caplog.records if "metadata" in r.getMessage()]
+    assert record.levelname == "WARNING"
+    assert record.job_id == int(result.id)  # type: ignore[attr-defined]
+    assert "not saved at the attempt's end" in record.getMessage()
