@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,16 +29,18 @@ from .compat import (
     must_send,
     task_enqueued,
 )
+from .canvas import Canvas
 from .conf import E_APP_NOT_INSTALLED, E_UNKNOWN_DATABASE, Options, Problem, parse_options
-from .exceptions import InvalidTaskArguments
+from .exceptions import InvalidTaskArguments, WorkflowDoesNotExist
 from .lease_task import LeaseTask
 from .leases import NewJob
 from .limits import key_group, task_group
-from .models import APP_LABEL, Job, JobAttempt, JobStatus
+from .models import APP_LABEL, Job, JobAttempt, JobStatus, Workflow
 from .results import STATUS_TO_RESULT, LeaseTaskResult, attempt_history, task_as_enqueued
 from .retry import Backoff
 from .serialization import json_arguments, json_value
 from .signals import job_enqueued
+from .workflow_results import WorkflowResult, workflow_status
 
 logger = logging.getLogger("django_leasejobs")
 
@@ -348,6 +350,8 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         job = Job(**fields)
         if run_after is not None:
             job.run_after = run_after
+        if row.waiting_on:
+            job.status = JobStatus.WAITING
         return job
 
     def _notify(self, queues: Iterable[str]) -> None:
@@ -550,6 +554,108 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             self._notify(job.queue for _, _, job in plain)
         self._announce([r for r in fresh if r is not None])
         return [r for r in results if r is not None]
+
+    # ------------------------------------------------------------------ workflows
+
+    def enqueue_workflow(self, canvas: Canvas) -> WorkflowResult:
+        """Write a workflow (``canvas.graph()``) in one transaction: a workflow row, a job
+        per step (``waiting`` while it has parents), an edge per parent. Called by
+        ``canvas.enqueue()``; every step's task must use this backend."""
+        self.require_valid_config()
+        graph = canvas.graph()
+        for number, spec in enumerate(graph):
+            task = spec.step.task
+            if task.backend != self.alias:
+                raise InvalidTask(
+                    f"step {number} ({task.module_path}) uses TASKS[{task.backend!r}], but the "
+                    f"workflow is written to TASKS[{self.alias!r}] (its first step's): every "
+                    "step of a workflow must use the same backend."
+                )
+            self._checked(task)
+            if getattr(task, "key", None) is not None:
+                raise InvalidTask(
+                    f"step {number} ({task.module_path}) has a dedup key: workflow steps "
+                    "cannot be deduplicated yet; enqueue it outside the workflow, or drop "
+                    "the key."
+                )
+        rows = []
+        for number, spec in enumerate(graph):
+            try:
+                row = self._job_fields(spec.step.task, spec.step.args, spec.step.kwargs)
+            except InvalidTaskArguments as exc:
+                raise InvalidTaskArguments(f"step {number}: {exc}") from None
+            rows.append(
+                replace(
+                    row,
+                    waiting_on=len(spec.parents) or None,
+                    on_parent_failure="run" if spec.step.on_parent_failure == "run" else None,
+                )
+            )
+        with transaction.atomic(using=self.database):
+            workflow = Workflow.objects.using(self.database).create(
+                backend=self.alias, step_count=len(rows)
+            )
+            rows = [replace(row, workflow_id=workflow.pk) for row in rows]
+            ids, now = self._insert_rows(rows)
+            leases.insert_edges(
+                [
+                    (ids[parent], ids[number], position)
+                    for number, spec in enumerate(graph)
+                    for position, parent in enumerate(spec.parents)
+                ],
+                using=self.database,
+            )
+            self._notify(row.queue for row in rows if not row.waiting_on)
+        results = [
+            self._fresh_result(spec.step.task, row, job_id, now)
+            for spec, row, job_id in zip(graph, rows, ids, strict=True)
+        ]
+        self._announce(results)
+        return WorkflowResult(
+            id=str(workflow.pk), backend=self.alias, status=TaskResultStatus.READY, steps=results
+        )
+
+    def _insert_rows(self, rows: list[NewJob]) -> tuple[list[int], Any]:
+        """Insert checked rows without dedup keys; their ids in order and the insert time.
+        ``COPY`` on PostgreSQL with psycopg 3, else multi-row INSERTs (MySQL: one by one,
+        it returns no ids from a multi-row INSERT)."""
+        if leases.can_copy(self.database):
+            return leases.copy_jobs(rows, using=self.database)
+        jobs = [self._job_from_row(row) for row in rows]
+        if connections[self.database].features.can_return_rows_from_bulk_insert:
+            Job.objects.using(self.database).bulk_create(jobs, batch_size=1000)
+        else:
+            for job in jobs:
+                job.save(using=self.database)
+        now = jobs[0].enqueued_at if jobs else None
+        if jobs and not isinstance(now, datetime):
+            now = leases.database_now(self.database)
+        return [int(job.pk) for job in jobs], now
+
+    def get_workflow(self, workflow_id: str | int) -> WorkflowResult:
+        """A workflow and the TaskResult of each of its steps (three queries)."""
+        self.require_app_installed()
+        try:
+            pk = int(workflow_id)
+        except (TypeError, ValueError):
+            raise WorkflowDoesNotExist(workflow_id) from None
+        workflow = Workflow.objects.using(self.database).filter(pk=pk, backend=self.alias).first()
+        if workflow is None:
+            raise WorkflowDoesNotExist(workflow_id)
+        jobs = list(Job.objects.using(self.database).filter(workflow_id=pk).order_by("id"))
+        attempts: dict[int, list[JobAttempt]] = {}
+        for attempt in JobAttempt.objects.using(self.database).filter(
+            job__workflow_id=pk
+        ).order_by("id"):
+            attempts.setdefault(attempt.job_id, []).append(attempt)
+        steps = [self.result_from_job(job, attempts=attempts.get(job.pk, [])) for job in jobs]
+        started = any(job.started_at is not None for job in jobs)
+        return WorkflowResult(
+            id=str(pk),
+            backend=self.alias,
+            status=workflow_status((job.status for job in jobs), started=started),
+            steps=steps,
+        )
 
     def _fresh_result(self, task: Task, row: NewJob, job_id: int, now: Any) -> TaskResult:
         """The django.tasks view of a job just inserted (no query needed; ``row``'s

@@ -104,6 +104,15 @@ class OutcomeNotStored(JobFailure):
     attempt is recorded as this failure instead, saying why."""
 
 
+class ParentFailed(JobFailure):
+    """A workflow step ended without running: a parent it waited for ended without
+    succeeding (failed, dead, cancelled). The step's error names that parent."""
+
+
+class WorkflowDoesNotExist(LookupError):
+    """No workflow with this id on this backend (``get_workflow``)."""
+
+
 class RemoteTraceback(Exception):
     """The traceback of a failed attempt's exception, as it was recorded where the attempt
     ran: the ``__cause__`` of its :class:`TaskFailed`, so that whatever prints or reports

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.db import transaction
 
+from .canvas import ParentFailure, Step, step
 from .compat import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, InvalidTask, Task
 from .durations import as_seconds, duration_problem
 from .limits import MAX_KEY_LENGTH, limit_problem, parse_rate, rate_problem
@@ -241,6 +242,10 @@ class LeaseTask(Task):  # type: ignore[misc]
     def snooze_limit(self) -> int:
         """Snoozes a job of this task may take without using an attempt."""
         return DEFAULT_MAX_SNOOZES if self.max_snoozes is None else self.max_snoozes
+
+    def step(self, *args: Any, on_parent_failure: ParentFailure = "fail", **kwargs: Any) -> Step:
+        """This task's call as a workflow step (``django_leasejobs.workflows.step``)."""
+        return step(self, *args, on_parent_failure=on_parent_failure, **kwargs)
 
     def using(  # type: ignore[override]
         self,

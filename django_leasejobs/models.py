@@ -20,6 +20,8 @@ MAX_PRIORITY = 100
 
 
 class JobStatus(models.TextChoices):
+    WAITING = "waiting", _("Waiting")
+    """A workflow step whose parents have not all succeeded yet: never claimed, not ready."""
     PENDING = "pending", _("Pending")
     RUNNING = "running", _("Running")
     SUCCEEDED = "succeeded", _("Succeeded")
@@ -151,6 +153,31 @@ class Job(models.Model):
         "the job back to wait for a worker that does: UNKNOWN_TASK_GRACE); null = never.",
     )
 
+    workflow = models.ForeignKey(
+        "Workflow",
+        null=True,
+        blank=True,
+        # Pruning deletes finished jobs in raw batches; a workflow row outlives its steps.
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,  # leasejobs_job_workflow_idx: partial, plain jobs cost nothing
+        related_name="steps",
+        help_text="The workflow this job is a step of; null = a plain job.",
+    )
+    waiting_on = models.IntegerField(
+        null=True,
+        blank=True,
+        help_text="A workflow step's parents that have not finished yet (it is waiting "
+        "while any has not); null = no parents.",
+    )
+    on_parent_failure = models.CharField(  # noqa: DJ001 - NULL means the default, "fail"
+        max_length=8,
+        null=True,
+        blank=True,
+        help_text='"run": the step runs even when a parent failed (a finaliser); null: it '
+        "fails without running.",
+    )
+
     result_ttl = models.DurationField(
         null=True,
         blank=True,
@@ -232,6 +259,16 @@ class Job(models.Model):
                 name="leasejobs_job_key_idx",
                 condition=Q(key__isnull=False),
             ),
+            # The steps of a workflow, and nothing for plain jobs (migration 0015).
+            models.Index(
+                fields=["workflow"],
+                name="leasejobs_job_workflow_idx",
+                condition=Q(workflow__isnull=False),
+            ),
+            # Waiting steps: the reaper's repair of a step whose parents all finished.
+            models.Index(
+                fields=["id"], name="leasejobs_job_waiting_idx", condition=Q(status="waiting")
+            ),
             # Dead letters per queue (dashboard): an index-only scan of the dead rows, which
             # otherwise sit one per heap page all over the table.
             models.Index(
@@ -270,6 +307,52 @@ class Job(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED_STATUSES
+
+
+class Workflow(models.Model):
+    """A graph of jobs written at once (``django_leasejobs.workflows``): its steps are the
+    jobs that name it; the order between them is ``Dependency`` rows."""
+
+    backend = models.CharField(max_length=64, default="default")
+    created_at = models.DateTimeField(db_default=DatabaseNow())
+    step_count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        app_label = APP_LABEL
+        db_table = "leasejobs_workflow"
+        verbose_name = _("workflow")
+        verbose_name_plural = _("workflows")
+        permissions = [("cancel_workflow", "Can cancel workflows and retry their failed steps")]
+
+    def __str__(self) -> str:
+        return f"workflow #{self.pk}"
+
+
+class Dependency(models.Model):
+    """One edge of a workflow: ``child`` waits for ``parent``. ``position`` orders a
+    step's parents (``context.parent_results``)."""
+
+    parent = models.ForeignKey(
+        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    child = models.ForeignKey(
+        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+", db_index=False
+    )
+    position = models.PositiveIntegerField()
+
+    class Meta:
+        app_label = APP_LABEL
+        db_table = "leasejobs_dependency"
+        verbose_name = _("dependency")
+        verbose_name_plural = _("dependencies")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["child", "position"], name="leasejobs_dependency_child_position"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.child_id} after #{self.parent_id}"
 
 
 class QueueDashboard(Job):

@@ -20,6 +20,7 @@ from .models import AttemptOutcome, JobAttempt, JobStatus
 from .retry import Backoff
 
 STATUS_TO_RESULT = {
+    JobStatus.WAITING: TaskResultStatus.READY,
     JobStatus.PENDING: TaskResultStatus.READY,
     JobStatus.RUNNING: TaskResultStatus.RUNNING,
     JobStatus.SUCCEEDED: TaskResultStatus.SUCCESSFUL,

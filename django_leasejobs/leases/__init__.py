@@ -40,6 +40,7 @@ from .enqueue import (
     can_insert_notify,
     copy_jobs,
     database_now,
+    insert_edges,
     insert_job,
     notify,
 )
@@ -52,6 +53,7 @@ from .finish import (
     mark_cancelled,
     release,
 )
+from .dependants import EndedStep, Settled, repair_waiting, settle_and_notify
 from .flow import seconds_to_next_due
 from .keys import debounce, key_holder, runnable_after
 from .operator import backend_database, cancel, retry
@@ -65,6 +67,13 @@ from .rules import (
     AttemptDecision,
     decide,
     storable_text,
+)
+from .workflow_ops import (
+    ParentOutcome,
+    WorkflowCancel,
+    cancel_workflow,
+    parent_outcomes,
+    retry_failed_steps,
 )
 from .values import (
     CancelResult,
@@ -93,20 +102,25 @@ __all__ = [
     "ClaimedJob",
     "Completion",
     "Deferred",
+    "EndedStep",
     "ErrorInfo",
     "Failure",
     "LeaseLost",
     "NewJob",
+    "ParentOutcome",
     "Progress",
     "ReapedJob",
     "RenewResult",
     "RetryResult",
     "RowLocked",
+    "Settled",
+    "WorkflowCancel",
     "WriteResult",
     "backend_database",
     "can_copy",
     "can_insert_notify",
     "cancel",
+    "cancel_workflow",
     "claim",
     "claim_round",
     "complete",
@@ -120,21 +134,26 @@ __all__ = [
     "fail",
     "fail_many",
     "find_stale",
+    "insert_edges",
     "insert_job",
     "key_holder",
     "mark_cancelled",
     "notify",
+    "parent_outcomes",
     "portable_path",
     "reap",
     "release",
     "renew",
+    "repair_waiting",
     "retry",
     "retry_deadlocks",
+    "retry_failed_steps",
     "runnable_after",
     "save_checkpoint",
     "save_metadata",
     "seconds_to_next_due",
     "set_progress",
+    "settle_and_notify",
     "storable_text",
     "unclaim",
 ]

@@ -284,6 +284,7 @@ def claimed_job(row: Sequence[Any]) -> ClaimedJob:
         snoozes,
         trace_context,
         metadata,
+        workflow_id,
     ) = row  # in CLAIM_COLUMNS order
     problems = []
     # Rows written by hand or by another program: a wrong JSON type must fail this job,
@@ -328,6 +329,7 @@ def claimed_job(row: Sequence[Any]) -> ClaimedJob:
         int(snoozes),
         None if trace_context is None else _json(trace_context),
         metadata if isinstance(metadata, dict) else None,
+        None if workflow_id is None else int(workflow_id),
     )
 
 

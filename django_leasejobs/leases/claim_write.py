@@ -30,6 +30,7 @@ CLAIM_COLUMNS = (
     "snoozes",
     "trace_context",
     "metadata",
+    "workflow_id",
 )
 RETURNING = (*CLAIM_COLUMNS, "run_after")
 """What a claim reads back: ``run_after`` last, to put the rows back in claim order

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import connections
 
-from ..models import Job, JobStatus
+from ..models import Dependency, Job, JobStatus
 from .dialect import dialect, hot_cursor, placeholders
 from .values import NewJob
 
@@ -34,6 +34,9 @@ _INSERT_COLUMNS = (
     "rate_limit",
     "metadata",
     "result_ttl",
+    "workflow_id",
+    "waiting_on",
+    "on_parent_failure",
     "status",
     "attempt",
     "stall_count",
@@ -84,6 +87,9 @@ def _producer_values(job: NewJob) -> list[Any]:
         job.rate_limit,
         _json(job.metadata),
         job.result_ttl,
+        job.workflow_id,
+        job.waiting_on,
+        job.on_parent_failure,
     ]
 
 
@@ -91,7 +97,7 @@ def _job_values(job: NewJob) -> list[Any]:
     """Values for ``_INSERT_COLUMNS`` but the last two (enqueued_at, run_after)."""
     return [
         *_producer_values(job),
-        JobStatus.PENDING.value,
+        JobStatus.WAITING.value if job.waiting_on else JobStatus.PENDING.value,
         0,
         0,
         0,
@@ -192,6 +198,26 @@ def copy_jobs(jobs: Sequence[NewJob], *, using: str = "default") -> tuple[list[i
             {"sql": f"{sql} -- {len(jobs)} rows", "time": f"{elapsed:.3f}"}
         )
     return ids, now
+
+
+def insert_edges(edges: Sequence[tuple[int, int, int]], *, using: str = "default") -> None:
+    """Insert workflow edges, ``(parent, child, position)`` each: ``COPY`` on PostgreSQL
+    with psycopg 3, else multi-row INSERTs. Call inside the transaction that inserted the
+    steps."""
+    if not edges:
+        return
+    d = dialect(using)
+    table = d.q(Dependency._meta.db_table)
+    columns = ", ".join(d.q(c) for c in ("parent_id", "child_id", "position"))
+    if can_copy(using):
+        with connections[using].cursor() as cursor:
+            with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+                for edge in edges:
+                    copy.write_row(edge)
+        return
+    Dependency.objects.using(using).bulk_create(
+        [Dependency(parent_id=p, child_id=c, position=n) for p, c, n in edges], batch_size=2000
+    )
 
 
 NOTIFY_CHANNEL = "leasejobs"

@@ -12,6 +12,7 @@ from django.db import connections, transaction
 from ..exceptions import LeaseLost, RowLocked
 from ..models import AttemptOutcome, JobStatus
 from .claim import as_datetime
+from .dependants import EndedStep, settle_and_notify, steps_of
 from .dialect import Dialect, dialect, placeholders, retry_deadlocks
 from .fenced import Rows, SetList, update_one, write
 from .rules import (
@@ -43,24 +44,50 @@ def complete_many(
     asked = {
         c.lease: {"result": None if c.result is None else json.dumps(c.result)} for c in completions
     }
+    steps = {c.lease for c in completions if c.in_workflow}
 
-    rows, skipped = write(d, worker_id, asked, _succeeded(d), {"result": "json"}, ("finished_at",))
+    def succeed() -> tuple[Rows, frozenset[tuple[int, int]]]:
+        if not steps:  # plain jobs: one statement, as ever
+            return write(d, worker_id, asked, _succeeded(d), {"result": "json"}, _DONE)
+        # Workflow steps: their dependants are released in the same transaction.
+        with transaction.atomic(using=using):
+            rows, skipped = write(d, worker_id, asked, _succeeded(d), {"result": "json"}, _DONE)
+            ended = [
+                EndedStep(int(job), True)
+                for job, attempt, _, workflow in rows
+                if workflow is not None and (int(job), int(attempt)) in steps
+            ]
+            settle_and_notify(d, ended)
+        return rows, skipped
+
+    rows, skipped = retry_deadlocks(d.using, succeed) if steps else succeed()
     succeeded = str(JobStatus.SUCCEEDED)
     return WriteResult(
-        {(int(job), int(attempt)): succeeded for job, attempt, _ in rows},
+        {(int(job), int(attempt)): succeeded for job, attempt, _, _ in rows},
         skipped,
-        {(int(job), int(attempt)): as_datetime(finished) for job, attempt, finished in rows},
+        {(int(job), int(attempt)): as_datetime(finished) for job, attempt, finished, _ in rows},
     )
+
+
+_DONE = ("finished_at", "workflow_id")
+"""What a success reads back: when it finished, and whether it was a workflow step."""
 
 
 def complete(
     job_id: int, attempt: int, worker_id: str, *, result: Any = None, using: str = "default"
 ) -> None:
-    """Record one successful attempt, as :func:`complete_many` does; unlike it, wait for
-    the row if another transaction holds it locked."""
+    """Record one successful attempt, as :func:`complete_many` does (a workflow step's
+    dependants released with it); unlike it, wait for the row if another transaction
+    holds it locked."""
     encoded = None if result is None else json.dumps(result)
     d = dialect(using)
-    update_one(d, (job_id, attempt), worker_id, _succeeded(d), {"result": encoded}, "complete")
+
+    def succeed() -> None:
+        with transaction.atomic(using=using):
+            update_one(d, (job_id, attempt), worker_id, _succeeded(d), {"result": encoded}, "complete")
+            settle_and_notify(d, steps_of(d, [job_id], succeeded=True))
+
+    retry_deadlocks(d.using, succeed)
 
 
 def _succeeded(d: Dialect) -> SetList:
@@ -201,24 +228,36 @@ def _end_attempts(
 
     def end() -> tuple[Rows, frozenset[tuple[int, int]]]:
         with transaction.atomic(using=using):
-            rows, skipped = write(
-                d, worker_id, asked, set_list, kinds, ("status", "last_attempted_at", "finished_at")
-            )
+            rows, skipped = write(d, worker_id, asked, set_list, kinds, _ENDED)
             insert_attempts(
                 d,
                 [
                     (_as_ended(by_lease[(int(job), int(attempt))], str(status)), worker_id, started)
-                    for job, attempt, status, started, _ in rows
+                    for job, attempt, status, started, _, _, _ in rows
+                ],
+            )
+            settle_and_notify(
+                d,
+                [
+                    EndedStep(int(job), False, str(path), str(status))
+                    for job, _, status, _, _, workflow, path in rows
+                    if workflow is not None and status in FINAL_STATUSES
                 ],
             )
         return rows, skipped
 
     rows, skipped = retry_deadlocks(d.using, end)
     return WriteResult(
-        {(int(job), int(attempt)): str(status) for job, attempt, status, _, _ in rows},
+        {(int(job), int(attempt)): str(status) for job, attempt, status, *_ in rows},
         skipped,
-        {(int(job), int(attempt)): as_datetime(finished) for job, attempt, _, _, finished in rows},
+        {(int(row[0]), int(row[1])): as_datetime(row[4]) for row in rows},
     )
+
+
+_ENDED = ("status", "last_attempted_at", "finished_at", "workflow_id", "task_path")
+"""What an ended attempt reads back: its status, times, and whether a workflow step ended
+for good (its dependants are settled in the same transaction)."""
+FINAL_STATUSES = frozenset({JobStatus.FAILED, JobStatus.DEAD, JobStatus.CANCELLED})
 
 
 def _as_ended(failure: Failure, status: str) -> Failure:

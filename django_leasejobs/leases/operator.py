@@ -14,6 +14,7 @@ from django.db import IntegrityError, connections, transaction
 from ..conf import BACKEND_PATH, parse_options
 from ..models import JobStatus
 from .dialect import Dialect, dialect, placeholders, retry_deadlocks
+from .dependants import settle_and_notify, steps_of
 from .enqueue import NOTIFY_CHANNEL
 from .values import CancelResult, RetryResult
 
@@ -34,13 +35,16 @@ def cancel(job_id: int, *, backend: str = "default", using: str | None = None) -
 
 
 def _cancel(d: Dialect, job_id: int) -> CancelResult:
-    with connections[d.using].cursor() as cursor:
+    with transaction.atomic(using=d.using), connections[d.using].cursor() as cursor:
+        # A waiting workflow step is cancelled like a pending job; a step's dependants
+        # are settled in the same transaction.
         cursor.execute(
             f"UPDATE {d.jobs} AS j SET status = 'cancelled', finished_at = {d.now} "  # noqa: S608 - identifiers quoted, values bound
-            "WHERE j.id = %s AND j.status = 'pending'",
+            "WHERE j.id = %s AND j.status IN ('pending', 'waiting')",
             [job_id],
         )
         if cursor.rowcount == 1:
+            settle_and_notify(d, steps_of(d, [job_id], succeeded=False))
             return CancelResult.CANCELLED
         cursor.execute(
             f"UPDATE {d.jobs} AS j SET cancel_requested = TRUE "  # noqa: S608 - identifiers quoted, values bound

@@ -10,7 +10,8 @@ from django.db import connections, transaction
 from ..models import AttemptOutcome, Job
 from .dialect import Dialect, dialect, retry_deadlocks
 from .fenced import lock_update_read
-from .finish import insert_attempts
+from .dependants import EndedStep, repair_waiting, settle_and_notify
+from .finish import FINAL_STATUSES, insert_attempts
 from .rules import REAP_ERROR_CLASS, REAP_ERROR_MESSAGE, reaped_is_final, reaped_status
 from .values import ErrorInfo, Failure, ReapedJob
 
@@ -25,6 +26,7 @@ _RETURNING = (
     "task_path",
     "stall_count",
     "backend",
+    "workflow_id",
     "last_attempted_at",
 )
 
@@ -111,9 +113,22 @@ def reap(
                     for job, row in zip(reaped, rows, strict=True)
                 ],
             )
+            # A workflow step ended for good: its dependants, in this transaction.
+            settle_and_notify(
+                d,
+                [
+                    EndedStep(job.id, False, job.task_path, job.status)
+                    for job, row in zip(reaped, rows, strict=True)
+                    if row[_RETURNING.index("workflow_id")] is not None
+                    and job.status in FINAL_STATUSES
+                ],
+            )
         return sorted(reaped, key=lambda job: job.id)
 
-    return retry_deadlocks(d.using, reap_rows)
+    reaped = retry_deadlocks(d.using, reap_rows)
+    # Waiting workflow steps left behind by a write that did not settle them.
+    retry_deadlocks(d.using, lambda: repair_waiting(d, backend=backend))
+    return reaped
 
 
 def _reaped(row: Sequence[Any]) -> ReapedJob:

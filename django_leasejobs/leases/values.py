@@ -52,6 +52,9 @@ class ClaimedJob:
     metadata: dict[str, Any] | None = None
     """``Job.metadata``: a JSON object, or None (a row holding anything else reads as
     None)."""
+    workflow_id: int | None = None
+    """The workflow the job is a step of, or None: the end of such an attempt settles its
+    dependants in the same transaction (``leases.settle``)."""
 
     @property
     def lease(self) -> tuple[int, int]:
@@ -83,6 +86,7 @@ class ClaimedJob:
                 self.snoozes,
                 self.trace_context,
                 self.metadata,
+                self.workflow_id,
             ),
         )
 
@@ -211,6 +215,12 @@ class NewJob:
     result_ttl: timedelta | None = None
     """How long the job is kept once finished (``prune_jobs``); None: its queue's, else the
     command's."""
+    workflow_id: int | None = None
+    """The workflow the job is a step of; None: a plain job."""
+    waiting_on: int | None = None
+    """A step's parents: it is inserted ``waiting`` when it has any; None: none."""
+    on_parent_failure: str | None = None
+    """``"run"``: the step runs even when a parent failed; None: it fails unrun."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +230,9 @@ class Completion:
     job_id: int
     attempt: int
     result: Any = None
+    in_workflow: bool = False
+    """The job is a workflow step (``ClaimedJob.workflow_id``): its success releases its
+    dependants in the same transaction."""
 
     @property
     def lease(self) -> tuple[int, int]:

@@ -300,7 +300,9 @@ def _record(attempt: _Attempt, task: Task | None, outcome: Outcome) -> JobRun:
         return _failed(job, worker_id, failure, using)
     if outcome.ok:
         written = leases.complete_many(
-            worker_id, [Completion(job.id, job.attempt, outcome.result)], using=using
+            worker_id,
+            [Completion(job.id, job.attempt, outcome.result, job.workflow_id is not None)],
+            using=using,
         )
         status = _written(written, job, worker_id, "complete")
         return _run(job, status, result=outcome.result if status == JobStatus.SUCCEEDED else None)

@@ -26,7 +26,9 @@ from ..leases import (
     ClaimedJob,
     ErrorInfo,
     Failure,
+    ParentOutcome,
     decide,
+    parent_outcomes,
     save_checkpoint,
     save_metadata,
     storable_text,
@@ -95,6 +97,7 @@ class JobContext(TaskContext):  # type: ignore[misc, type-arg]
     database: str
     initial_checkpoint: Any = None
     initial_metadata: dict[str, Any] | None = None
+    workflow_id: int | None = None
     progress_sink: ProgressSink | None = None
     lost_flag: threading.Event = field(default_factory=threading.Event)
     _state: dict[str, Any] = field(default_factory=dict)
@@ -125,6 +128,29 @@ class JobContext(TaskContext):  # type: ignore[misc, type-arg]
             message = storable_text(message, MAX_PROGRESS_MESSAGE_LENGTH)
         if self.progress_sink is not None:
             self.progress_sink(self.lease, fraction, message)
+
+    @property
+    def parents(self) -> list[ParentOutcome]:
+        """A workflow step's parents, in the order the workflow gave them (read once, on
+        first use); [] for a job that is not a step, or a step without parents."""
+        if self.workflow_id is None:
+            return []
+        if "parents" not in self._state:
+            self._state["parents"] = parent_outcomes(self.job_id, using=self.database)
+        parents: list[ParentOutcome] = self._state["parents"]
+        return parents
+
+    @property
+    def parent_results(self) -> list[Any]:
+        """The return values of this step's direct parents, in their order (None for a
+        parent that did not succeed: only a step with ``on_parent_failure="run"`` runs
+        after one)."""
+        return [parent.result for parent in self.parents]
+
+    @property
+    def failed_parents(self) -> list[ParentOutcome]:
+        """The parents that ended without succeeding (``on_parent_failure="run"``)."""
+        return [parent for parent in self.parents if not parent.succeeded]
 
     @property
     def checkpoint(self) -> Any:
@@ -270,6 +296,7 @@ def _attempt(
                     database=spec.database,
                     initial_checkpoint=job.checkpoint,
                     initial_metadata=job.metadata,
+                    workflow_id=job.workflow_id,
                     progress_sink=progress_sink,
                     lost_flag=lost_flag or threading.Event(),
                 )

@@ -249,7 +249,10 @@ def run_round(plan: RoundPlan, ctx: RoundContext) -> RoundResult:
 def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) -> None:
     worker, using = ctx.worker_id, ctx.database
     if plan.successes:
-        completions = [Completion(r.job.id, r.job.attempt, o.result) for r, o in plan.successes]
+        completions = [
+            Completion(r.job.id, r.job.attempt, o.result, r.job.workflow_id is not None)
+            for r, o in plan.successes
+        ]
         _write_successes(completions, ctx, result)
         result.wrote_successes = True
     if plan.failures:

@@ -1,0 +1,153 @@
+"""A workflow's operator writes (cancel it, retry its failed steps) and the reads a step
+makes of its parents. Settling dependants after a step ends is ``dependants.py``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections, transaction
+
+from ..models import Dependency
+from .dialect import Dialect, dialect, placeholders, retry_deadlocks
+from .enqueue import NOTIFY_CHANNEL, notify
+
+
+@dataclass(frozen=True, slots=True)
+class ParentOutcome:
+    """One parent of a step, as the step sees it when it runs."""
+
+    job_id: int
+    task_path: str
+    status: str
+    """The parent job's status (``succeeded`` unless the step runs after a failure,
+    ``on_parent_failure="run"``); ``missing`` when its row was deleted (pruned)."""
+    result: Any
+    """The parent's return value when it succeeded, else None."""
+    error: str
+    """The parent's last error (``Class: message``) when it did not succeed, else ''."""
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "succeeded"
+
+
+def parent_outcomes(job_id: int, *, using: str = "default") -> list[ParentOutcome]:
+    """The parents of the step ``job_id``, in the order the workflow gave them."""
+    d = dialect(using)
+    edges = d.q(Dependency._meta.db_table)
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"SELECT e.parent_id, p.task_path, p.status, p.result, p.last_error "  # noqa: S608 - identifiers quoted, values bound
+            f"FROM {edges} AS e LEFT JOIN {d.jobs} AS p ON p.id = e.parent_id "
+            "WHERE e.child_id = %s ORDER BY e.position",
+            [job_id],
+        )
+        rows = cursor.fetchall()
+    outcomes = []
+    for parent, path, status, result, error in rows:
+        succeeded = status == "succeeded"
+        outcomes.append(
+            ParentOutcome(
+                job_id=int(parent),
+                task_path=path or "",
+                status=status or "missing",
+                result=_json(result) if succeeded else None,
+                error="" if succeeded else (error or ""),
+            )
+        )
+    return outcomes
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowCancel:
+    cancelled: int
+    """Steps that had not started (waiting or pending): now ``cancelled``."""
+    requested: int
+    """Running steps: their workers stop them (as a running job is cancelled)."""
+
+
+def cancel_workflow(workflow_id: int, *, using: str = "default") -> WorkflowCancel:
+    """Cancel every step of a workflow that has not finished, in one transaction."""
+    d = dialect(using)
+
+    def cancel() -> WorkflowCancel:
+        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {d.jobs} AS j SET status = 'cancelled', finished_at = {d.now} "  # noqa: S608 - identifiers quoted, values bound
+                "WHERE j.workflow_id = %s AND j.status IN ('waiting', 'pending')",
+                [workflow_id],
+            )
+            cancelled = int(cursor.rowcount)
+            cursor.execute(
+                f"UPDATE {d.jobs} AS j SET cancel_requested = TRUE "  # noqa: S608 - identifiers quoted, values bound
+                "WHERE j.workflow_id = %s AND j.status = 'running' AND NOT j.cancel_requested",
+                [workflow_id],
+            )
+            return WorkflowCancel(cancelled, int(cursor.rowcount))
+
+    return retry_deadlocks(using, cancel)
+
+
+def retry_failed_steps(workflow_id: int, *, using: str = "default") -> int:
+    """Run again every step of a workflow that ended without succeeding (failed, dead,
+    cancelled, or ended unrun after a parent failed): each gets a fresh budget as an
+    operator's retry gives a job, and waits again for its parents that have not
+    succeeded (those retried with it). Returns the number of steps retried."""
+    d = dialect(using)
+    return retry_deadlocks(using, lambda: _retry_failed_steps(d, workflow_id))
+
+
+def _retry_failed_steps(d: Dialect, workflow_id: int) -> int:
+    edges = d.q(Dependency._meta.db_table)
+    lock = " FOR UPDATE" if d.row_locks else ""
+    with transaction.atomic(using=d.using), connections[d.using].cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {d.jobs} WHERE workflow_id = %s "  # noqa: S608 - identifiers quoted, values bound
+            f"AND status IN ('failed', 'dead', 'cancelled') ORDER BY id{lock}",
+            [workflow_id],
+        )
+        steps = [int(job_id) for (job_id,) in cursor.fetchall()]
+        if not steps:
+            return 0
+        waiting: dict[int, int] = {}
+        for chunk in _chunks(steps):
+            cursor.execute(
+                f"SELECT e.child_id, COUNT(*) FROM {edges} AS e "  # noqa: S608 - identifiers quoted, values bound
+                f"JOIN {d.jobs} AS p ON p.id = e.parent_id "
+                f"WHERE e.child_id IN ({placeholders(len(chunk))}) AND p.status <> 'succeeded' "
+                "GROUP BY e.child_id",
+                chunk,
+            )
+            waiting.update((int(child), int(count)) for child, count in cursor.fetchall())
+        by_count: dict[int, list[int]] = {}
+        for job_id in steps:
+            by_count.setdefault(waiting.get(job_id, 0), []).append(job_id)
+        for count, ids in sorted(by_count.items()):
+            for chunk in _chunks(ids):
+                cursor.execute(
+                    f"UPDATE {d.jobs} AS j SET status = %s, waiting_on = %s, "  # noqa: S608 - identifiers quoted, values bound
+                    f"run_after = {d.now}, finished_at = NULL, stall_count = 0, snoozes = 0, "
+                    "cancel_requested = FALSE, unknown_task_since = NULL, "
+                    "max_attempts = CASE WHEN j.max_attempts <= j.attempt THEN j.attempt + 1 "
+                    "ELSE j.max_attempts END "
+                    f"WHERE j.id IN ({placeholders(len(chunk))}) "
+                    "AND j.status IN ('failed', 'dead', 'cancelled')",
+                    ["waiting" if count else "pending", count or None, *chunk],
+                )
+        cursor.execute(
+            f"SELECT DISTINCT queue FROM {d.jobs} WHERE workflow_id = %s AND status = 'pending'",  # noqa: S608 - identifiers quoted, values bound
+            [workflow_id],
+        )
+        notify(NOTIFY_CHANNEL, [queue for (queue,) in cursor.fetchall()], using=d.using)
+    return len(steps)
+
+
+def _chunks(ids: Sequence[int], size: int = 5000) -> list[list[int]]:
+    return [list(ids[i : i + size]) for i in range(0, len(ids), size)]
