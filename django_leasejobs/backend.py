@@ -17,6 +17,7 @@ from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from . import leases, registry, tracing
+from .canvas import Canvas
 from .compat import (
     TASK_MAX_PRIORITY,
     TASK_MIN_PRIORITY,
@@ -29,7 +30,6 @@ from .compat import (
     must_send,
     task_enqueued,
 )
-from .canvas import Canvas
 from .conf import E_APP_NOT_INSTALLED, E_UNKNOWN_DATABASE, Options, Problem, parse_options
 from .exceptions import InvalidTaskArguments, WorkflowDoesNotExist
 from .lease_task import LeaseTask
@@ -644,9 +644,9 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             raise WorkflowDoesNotExist(workflow_id)
         jobs = list(Job.objects.using(self.database).filter(workflow_id=pk).order_by("id"))
         attempts: dict[int, list[JobAttempt]] = {}
-        for attempt in JobAttempt.objects.using(self.database).filter(
-            job__workflow_id=pk
-        ).order_by("id"):
+        for attempt in (
+            JobAttempt.objects.using(self.database).filter(job__workflow_id=pk).order_by("id")
+        ):
             attempts.setdefault(attempt.job_id, []).append(attempt)
         steps = [self.result_from_job(job, attempts=attempts.get(job.pk, [])) for job in jobs]
         started = any(job.started_at is not None for job in jobs)

@@ -23,10 +23,28 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Q, QuerySet, Value
+from django.db.models import (
+    DateTimeField,
+    Exists,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    Value,
+)
 
 from .functions import DatabaseNow
-from .models import FINISHED_STATUSES, Job, JobAttempt, JobStatus, Schedule, ScheduleRun
+from .models import (
+    FINISHED_STATUSES,
+    Dependency,
+    Job,
+    JobAttempt,
+    JobStatus,
+    Schedule,
+    ScheduleRun,
+    Workflow,
+)
 
 logger = logging.getLogger("django_leasejobs")
 
@@ -166,10 +184,24 @@ def delete_finished(
         # Attempts first and explicitly, in the same transaction: the result does not
         # depend on a database-level ON DELETE CASCADE.
         JobAttempt.objects.using(using).filter(job_id__in=ids).delete()
+        # A deleted workflow step's edges to its parents go with it (a step that waits
+        # for a deleted parent sees it as "missing": workflow_ops.parent_outcomes).
+        Dependency.objects.using(using).filter(child_id__in=ids).delete()
         _, per_model = rows.filter(pk__in=ids).delete()
         return per_model.get(Job._meta.label, 0)
 
     return _in_batches(jobs.filter(finished(statuses)), delete, batch_size, using)
+
+
+def _delete_empty_workflows(backend: str | None, using: str) -> int:
+    """Delete the workflow rows whose steps were all deleted."""
+    empty = Workflow.objects.using(using).filter(
+        ~Exists(Job.objects.using(using).filter(workflow_id=OuterRef("pk")))
+    )
+    if backend is not None:
+        empty = empty.filter(backend=backend)
+    deleted, _ = empty.delete()
+    return deleted
 
 
 def prune(
@@ -226,6 +258,7 @@ def prune(
             "backend": backend,
         },
     )
+    _delete_empty_workflows(backend, using)
     runs, run_batches = _in_batches(old_runs, delete_runs, batch_size, using)
     logger.info(
         "pruned schedule runs count=%d",

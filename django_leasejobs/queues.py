@@ -190,6 +190,11 @@ def _starts(using: str, backend: str, scope: str, rate: Rate, now: datetime) -> 
 def waiting_reasons(job: Job) -> list[str]:
     """Why the pending ``job`` is not running yet, in words (empty: nothing holds it back,
     a worker should take it at its next claim). For the admin's job page."""
+    if job.status == JobStatus.WAITING:
+        return [
+            f"a workflow step: it waits for {job.waiting_on or 0} of its parent steps to "
+            "finish, and becomes pending when the last one succeeds"
+        ]
     if job.status != JobStatus.PENDING:
         return []
     found = _backend(job.backend)

@@ -43,8 +43,17 @@ class WorkflowResult:
 
     def refresh(self) -> None:
         """Read the workflow and every step again."""
-        fresh: WorkflowResult = task_backends[self.backend].get_workflow(self.id)
+        fresh = read_workflow(self.backend, self.id)
         self.status, self.steps = fresh.status, fresh.steps
 
     async def arefresh(self) -> None:
         await sync_to_async(self.refresh)()
+
+
+def read_workflow(backend: str, workflow_id: str | int) -> WorkflowResult:
+    """The workflow ``workflow_id`` of the task backend ``backend`` (a LeaseJobs backend)."""
+    reader = getattr(task_backends[backend], "get_workflow", None)
+    if reader is None:
+        raise TypeError(f"TASKS[{backend!r}] is not a LeaseJobs backend: it has no workflows.")
+    found: WorkflowResult = reader(workflow_id)
+    return found

@@ -33,6 +33,7 @@ from __future__ import annotations
 from ..exceptions import LeaseLost, RowLocked
 from .claim import claim, claim_round, unclaim
 from .defer import Deferred, defer_unknown
+from .dependants import EndedStep, Settled, repair_waiting, settle_and_notify
 from .dialect import portable_path, retry_deadlocks
 from .enqueue import (
     NOTIFY_CHANNEL,
@@ -53,7 +54,6 @@ from .finish import (
     mark_cancelled,
     release,
 )
-from .dependants import EndedStep, Settled, repair_waiting, settle_and_notify
 from .flow import seconds_to_next_due
 from .keys import debounce, key_holder, runnable_after
 from .operator import backend_database, cancel, retry
@@ -68,13 +68,6 @@ from .rules import (
     decide,
     storable_text,
 )
-from .workflow_ops import (
-    ParentOutcome,
-    WorkflowCancel,
-    cancel_workflow,
-    parent_outcomes,
-    retry_failed_steps,
-)
 from .values import (
     CancelResult,
     ClaimedJob,
@@ -88,6 +81,13 @@ from .values import (
     RenewResult,
     RetryResult,
     WriteResult,
+)
+from .workflow_ops import (
+    ParentOutcome,
+    WorkflowCancel,
+    cancel_workflow,
+    parent_outcomes,
+    retry_failed_steps,
 )
 
 __all__ = [

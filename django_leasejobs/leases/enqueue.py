@@ -210,10 +210,10 @@ def insert_edges(edges: Sequence[tuple[int, int, int]], *, using: str = "default
     table = d.q(Dependency._meta.db_table)
     columns = ", ".join(d.q(c) for c in ("parent_id", "child_id", "position"))
     if can_copy(using):
-        with connections[using].cursor() as cursor:
-            with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
-                for edge in edges:
-                    copy.write_row(edge)
+        sql = f"COPY {table} ({columns}) FROM STDIN"
+        with connections[using].cursor() as cursor, cursor.cursor.copy(sql) as copy:
+            for edge in edges:
+                copy.write_row(edge)
         return
     Dependency.objects.using(using).bulk_create(
         [Dependency(parent_id=p, child_id=c, position=n) for p, c, n in edges], batch_size=2000

@@ -84,7 +84,9 @@ def complete(
 
     def succeed() -> None:
         with transaction.atomic(using=using):
-            update_one(d, (job_id, attempt), worker_id, _succeeded(d), {"result": encoded}, "complete")
+            update_one(
+                d, (job_id, attempt), worker_id, _succeeded(d), {"result": encoded}, "complete"
+            )
             settle_and_notify(d, steps_of(d, [job_id], succeeded=True))
 
     retry_deadlocks(d.using, succeed)

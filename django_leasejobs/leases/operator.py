@@ -13,8 +13,8 @@ from django.db import IntegrityError, connections, transaction
 
 from ..conf import BACKEND_PATH, parse_options
 from ..models import JobStatus
-from .dialect import Dialect, dialect, placeholders, retry_deadlocks
 from .dependants import settle_and_notify, steps_of
+from .dialect import Dialect, dialect, placeholders, retry_deadlocks
 from .enqueue import NOTIFY_CHANNEL
 from .values import CancelResult, RetryResult
 

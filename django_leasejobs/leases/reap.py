@@ -8,9 +8,9 @@ from typing import Any
 from django.db import connections, transaction
 
 from ..models import AttemptOutcome, Job
+from .dependants import EndedStep, repair_waiting, settle_and_notify
 from .dialect import Dialect, dialect, retry_deadlocks
 from .fenced import lock_update_read
-from .dependants import EndedStep, repair_waiting, settle_and_notify
 from .finish import FINAL_STATUSES, insert_attempts
 from .rules import REAP_ERROR_CLASS, REAP_ERROR_MESSAGE, reaped_is_final, reaped_status
 from .values import ErrorInfo, Failure, ReapedJob

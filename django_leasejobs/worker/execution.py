@@ -202,7 +202,7 @@ class JobContext(TaskContext):  # type: ignore[misc, type-arg]
         try:
             if self._state["metadata"] != self._state["metadata_saved"]:
                 self.save_metadata()
-        except Exception as exc:  # noqa: BLE001 - the attempt's outcome must still be sent
+        except Exception as exc:
             logger.warning(
                 "metadata of job %s (attempt %s) not saved at the attempt's end: %s",
                 self.job_id,

@@ -13,12 +13,12 @@ the write that records the last parent's success releases it, in the same transa
 from __future__ import annotations
 
 from ..canvas import Canvas, Chain, Chord, Group, Step, chain, chord, group, step
-from ..compat import DEFAULT_TASK_BACKEND_ALIAS, task_backends
+from ..compat import DEFAULT_TASK_BACKEND_ALIAS
 from ..exceptions import ParentFailed, WorkflowDoesNotExist
 from ..leases import ParentOutcome, WorkflowCancel, backend_database
 from ..leases import cancel_workflow as _cancel_workflow
 from ..leases import retry_failed_steps as _retry_failed_steps
-from ..workflow_results import WorkflowResult
+from ..workflow_results import WorkflowResult, read_workflow
 
 __all__ = [
     "Canvas",
@@ -41,11 +41,12 @@ __all__ = [
 ]
 
 
-def get_workflow(workflow_id: str | int, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> WorkflowResult:
+def get_workflow(
+    workflow_id: str | int, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS
+) -> WorkflowResult:
     """The workflow ``workflow_id`` of ``backend`` with every step's TaskResult;
     :class:`WorkflowDoesNotExist` when there is none."""
-    found: WorkflowResult = task_backends[backend].get_workflow(workflow_id)
-    return found
+    return read_workflow(backend, workflow_id)
 
 
 def cancel_workflow(

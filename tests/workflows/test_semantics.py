@@ -85,19 +85,24 @@ def test_a_failed_parent_ends_its_dependants_unrun_transitively_naming_it() -> N
     runs = run_jobs()
     assert [run.status for run in runs] == ["succeeded", "failed"]  # the last two never ran
     third, fourth = (Job.objects.get(pk=r.id) for r in result.steps[2:])
-    assert (third.status, third.attempt, fourth.status, fourth.attempt) == ("failed", 0, "failed", 0)
+    assert (third.status, third.attempt, fourth.status, fourth.attempt) == (
+        "failed",
+        0,
+        "failed",
+        0,
+    )
     boom_id = result.steps[1].id
     assert f"parent step #{boom_id} (tests.tasks_workflows.boom) ended failed" in third.last_error
-    assert f"parent step #{third.pk} (tests.tasks_workflows.value) ended failed" in fourth.last_error
+    assert (
+        f"parent step #{third.pk} (tests.tasks_workflows.value) ended failed" in fourth.last_error
+    )
     assert third.last_error.startswith("django_leasejobs.exceptions.ParentFailed: not run")
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
 
 
 def test_a_finaliser_runs_after_a_failure_and_sees_it() -> None:
-    flow = chord(
-        group(step(t.value, 1), step(t.boom)), step(t.finaliser, on_parent_failure="run")
-    )
+    flow = chord(group(step(t.value, 1), step(t.boom)), step(t.finaliser, on_parent_failure="run"))
     result = flow.enqueue()
     run_jobs()
     final = Job.objects.get(pk=result.steps[-1].id)
@@ -184,3 +189,16 @@ def test_one_transaction_inside_the_callers_atomic() -> None:
     assert not Job.objects.exists()
     assert not Workflow.objects.exists()
     assert not Dependency.objects.exists()
+
+
+def test_pruning_deletes_finished_steps_their_edges_and_the_empty_workflow() -> None:
+    from datetime import timedelta
+
+    from django_leasejobs.pruning import prune
+
+    result = chain(step(t.value, 1), step(t.value, 2)).enqueue()
+    run_jobs()
+    assert prune(older_than=timedelta(seconds=-60)).count == 2
+    assert not Job.objects.filter(pk__in=[r.id for r in result.steps]).exists()
+    assert not Dependency.objects.exists()
+    assert not Workflow.objects.exists()
