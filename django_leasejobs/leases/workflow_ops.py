@@ -79,6 +79,12 @@ def cancel_workflow(workflow_id: int, *, using: str = "default") -> WorkflowCanc
 
     def cancel() -> WorkflowCancel:
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
+            if d.row_locks:  # in id order, as every settle locks them: no deadlock
+                cursor.execute(
+                    f"SELECT id FROM {d.jobs} WHERE workflow_id = %s "  # noqa: S608 - identifiers quoted, values bound
+                    "AND status IN ('waiting', 'pending') ORDER BY id FOR UPDATE",
+                    [workflow_id],
+                )
             cursor.execute(
                 f"UPDATE {d.jobs} AS j SET status = 'cancelled', finished_at = {d.now} "  # noqa: S608 - identifiers quoted, values bound
                 "WHERE j.workflow_id = %s AND j.status IN ('waiting', 'pending')",
