@@ -202,3 +202,43 @@ def test_pruning_deletes_finished_steps_their_edges_and_the_empty_workflow() -> 
     assert not Job.objects.filter(pk__in=[r.id for r in result.steps]).exists()
     assert not Dependency.objects.exists()
     assert not Workflow.objects.exists()
+
+
+def test_a_steps_own_options_hold_queue_priority_and_run_after() -> None:
+    from datetime import timedelta
+
+    later = t.value.using(queue_name="high", priority=7, run_after=timedelta(hours=1))
+    result = chain(step(t.value, 1), step(later, 2)).enqueue()
+    second = Job.objects.get(pk=result.steps[1].id)
+    assert (second.queue, second.priority, second.status) == ("high", 7, "waiting")
+    run_jobs(queues=["default"])
+    second.refresh_from_db()
+    assert second.status == "pending"  # released, and still not due for an hour
+    assert not Job.objects.ready().filter(pk=second.pk).exists()
+    assert run_jobs(queues=["high"]) == []
+
+
+def test_bad_input_names_the_step_and_writes_nothing() -> None:
+    from django_leasejobs.exceptions import InvalidTaskArguments
+
+    with pytest.raises(InvalidTaskArguments, match="step 1"):
+        chain(step(t.value, 1), step(t.value, object())).enqueue()
+    with pytest.raises(TypeError, match="pass steps"):
+        chain(step(t.value, 1), t.value)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="on_parent_failure"):
+        step(t.value, 1, on_parent_failure="maybe")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least one step"):
+        group().enqueue()
+    assert not Job.objects.exists() and not Workflow.objects.exists()
+
+
+def test_aenqueue_and_arefresh() -> None:
+    from asgiref.sync import async_to_sync
+
+    async def enqueue_and_refresh() -> Any:
+        result = await chain(step(t.value, 1), step(t.value, 2)).aenqueue()
+        await result.arefresh()
+        return result
+
+    result = async_to_sync(enqueue_and_refresh)()
+    assert result.status == TaskResultStatus.READY and len(result.steps) == 2
