@@ -36,7 +36,13 @@ from .lease_task import LeaseTask
 from .leases import NewJob
 from .limits import key_group, task_group
 from .models import APP_LABEL, Job, JobAttempt, JobStatus, Workflow
-from .results import STATUS_TO_RESULT, LeaseTaskResult, attempt_history, task_as_enqueued
+from .results import (
+    STATUS_TO_RESULT,
+    LeaseTaskResult,
+    attempt_history,
+    task_as_enqueued,
+    task_error,
+)
 from .retry import Backoff
 from .serialization import json_arguments, json_value
 from .signals import job_enqueued
@@ -702,6 +708,10 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         if task is None:
             task = self._task_for(job)
         errors, worker_ids = attempt_history(attempts, job.attempt, job.last_worker)
+        unrun = f"{leases.PARENT_FAILED_CLASS}: "
+        if not errors and job.status == JobStatus.FAILED and job.last_error.startswith(unrun):
+            # A workflow step ended unrun by a parent's failure: no attempt, one error.
+            errors = [task_error(leases.PARENT_FAILED_CLASS, job.last_error[len(unrun) :], "")]
         result: TaskResult = LeaseTaskResult(
             task=task,
             id=str(job.pk),

@@ -33,7 +33,7 @@ from __future__ import annotations
 from ..exceptions import LeaseLost, RowLocked
 from .claim import claim, claim_round, unclaim
 from .defer import Deferred, defer_unknown
-from .dependants import EndedStep, Settled, repair_waiting, settle_and_notify
+from .dependants import PARENT_FAILED_CLASS, EndedStep, Settled, repair_waiting, settle_and_notify
 from .dialect import portable_path, retry_deadlocks
 from .enqueue import (
     NOTIFY_CHANNEL,
@@ -96,6 +96,7 @@ __all__ = [
     "MAX_PROGRESS_MESSAGE_LENGTH",
     "MAX_TRACEBACK_LENGTH",
     "NOTIFY_CHANNEL",
+    "PARENT_FAILED_CLASS",
     "AttemptDecision",
     "CancelResult",
     "ClaimRound",

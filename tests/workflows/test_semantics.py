@@ -99,6 +99,9 @@ def test_a_failed_parent_ends_its_dependants_unrun_transitively_naming_it() -> N
     assert third.last_error.startswith("django_leasejobs.exceptions.ParentFailed: not run")
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
+    [error] = result.steps[2].errors  # no attempt ran; the error says why
+    assert error.exception_class_path == "django_leasejobs.exceptions.ParentFailed"
+    assert f"parent step #{boom_id}" in error.traceback
 
 
 def test_a_finaliser_runs_after_a_failure_and_sees_it() -> None:
