@@ -236,6 +236,8 @@ def test_the_partial_indexes_have_stand_ins() -> None:
     assert indexes["leasejobs_job_finished_idx"] == (False, ["status", "finished_at"])
     # The jobs of a key, finished ones too (unique_for): every row, no partial indexes here.
     assert indexes["leasejobs_job_key_idx"] == (False, ["key", "id"])
+    # A workflow's steps (migration 0015); waiting steps go through the finished index.
+    assert indexes["leasejobs_job_workflow_idx"] == (False, ["workflow_id"])
     # Nothing else: Django's unconditional versions of the partial indexes are gone.
     assert set(indexes) == {
         "PRIMARY",
@@ -245,6 +247,7 @@ def test_the_partial_indexes_have_stand_ins() -> None:
         "leasejobs_job_dead_idx",
         "leasejobs_job_finished_idx",
         "leasejobs_job_key_idx",
+        "leasejobs_job_workflow_idx",
     }
 
 
@@ -314,6 +317,7 @@ def test_defaults_are_the_utc_clock() -> None:
         ("leasejobs_queue", "changed_at"): "utc_timestamp(6)",
         ("leasejobs_rate_start", "started_at"): "utc_timestamp(6)",
         ("leasejobs_schedule_run", "enqueued_at"): "utc_timestamp(6)",
+        ("leasejobs_workflow", "created_at"): "utc_timestamp(6)",
     }
 
 
