@@ -1,8 +1,8 @@
 """Queue health numbers for the admin dashboard and ``manage.py leasejobs_status``.
 
-Every query stays cheap on a big table: active rows (pending, running) are read
-through the partial indexes (on MySQL/MariaDB their ``status``-first stand-ins,
-migration 0007), finished rows only for the last hour through the
+Every query stays cheap on a big table: active rows (pending, running) and waiting
+workflow steps are read through the partial indexes (on MySQL/MariaDB their
+``status``-first stand-ins, migration 0007), finished rows only for the last hour through the
 ``(status, finished_at)`` index. All-time totals of finished jobs are not counted
 (that would scan the table); the dashboard shows the last hour instead.
 """
@@ -43,6 +43,8 @@ class QueueHealth:
     failed_last_hour: int = 0
     oldest_ready_wait: float | None = None
     """Seconds the oldest ready job has been waiting (None when nothing is ready)."""
+    waiting: int = 0
+    """Workflow steps waiting for their parents (status ``waiting``: not claimable yet)."""
 
     @property
     def failure_rate(self) -> float | None:
@@ -104,6 +106,7 @@ class Health:
                 "running",
                 "expired",
                 "dead",
+                "waiting",
                 "succeeded_last_hour",
                 "failed_last_hour",
             ):
@@ -173,6 +176,10 @@ def collect(*, using: str = "default", online_after: float = 60.0) -> Health:
 
     for dead in jobs.filter(status=JobStatus.DEAD).values("queue").annotate(n=Count("*")):
         queue(dead["queue"]).dead = dead["n"]
+
+    # Through the partial index leasejobs_job_waiting_idx (status = 'waiting').
+    for waiting in jobs.filter(status=JobStatus.WAITING).values("queue").annotate(n=Count("*")):
+        queue(waiting["queue"]).waiting = waiting["n"]
 
     since = db_now - WINDOW
     recent = jobs.filter(status__in=FINISHED_STATUSES, finished_at__gte=since)

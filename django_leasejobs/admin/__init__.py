@@ -10,6 +10,7 @@ their model admins.
 | ``workers`` | the worker list and page |
 | ``schedules`` | the schedule list and page, the dashboard's "next scheduled runs" |
 | ``queues`` | the queue list and page (pause, resume), the dashboard's limits column |
+| ``workflows`` | the workflow list and page (graph, steps; cancel, retry failed steps) |
 | ``dashboard`` | the queue dashboard view and its chart |
 | ``filters`` | the list filters |
 | ``filter_safety`` | the lists' 400 answer to a malformed filter |
@@ -22,7 +23,7 @@ when this was one module: ``from django_leasejobs.admin import JobAdmin`` to sub
 unregister and register again.
 """
 
-from . import dashboard, jobs, queues, schedules, workers  # noqa: F401  (register their admins)
+from . import dashboard, jobs, queues, schedules, workers, workflows  # noqa: F401  (register their admins)
 from .dashboard import QueueDashboardAdmin
 from .filter_safety import FilterSafeAdmin
 from .filters import HasErrorsFilter, QueueFilter, TaskFilter, WorkerFilter, WorkerProblemFilter
@@ -30,6 +31,7 @@ from .jobs import JobAdmin, JobAttemptInline
 from .queues import QueueAdmin
 from .schedules import ScheduleAdmin
 from .workers import WorkerAdmin
+from .workflows import WorkflowAdmin
 
 __all__ = [
     "FilterSafeAdmin",
@@ -44,4 +46,5 @@ __all__ = [
     "WorkerAdmin",
     "WorkerFilter",
     "WorkerProblemFilter",
+    "WorkflowAdmin",
 ]

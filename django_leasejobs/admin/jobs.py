@@ -40,6 +40,7 @@ from .display import relative, status_badge
 from .filter_safety import FilterSafeAdmin
 from .filters import HasErrorsFilter, QueueFilter, TaskFilter, WorkerFilter
 from .reports import ActionReport
+from .workflows import children_of, parents_of, relatives_html
 
 CONFIRMATION_SHOWS = 100
 """Jobs the delete confirmation lists by name (it counts them all)."""
@@ -264,9 +265,15 @@ class JobAdmin(FilterSafeAdmin):
     )
     # Every field shown is read only: the job page is a view, never a form. A pending
     # job's page also says why it is not running (get_fieldsets).
+    # A workflow step's page also shows its workflow, parents and children (get_fieldsets).
+    workflow_fieldset: Any = (
+        _("Workflow"),
+        {"fields": ("workflow_link", "parents_display", "children_display")},
+    )
     readonly_fields = (
         *(cast(str, name) for _, options in fieldsets for name in options["fields"]),
         "why_waiting",
+        *workflow_fieldset[1]["fields"],
     )
 
     # -- read only ----------------------------------------------------------------
@@ -282,6 +289,8 @@ class JobAdmin(FilterSafeAdmin):
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         fieldsets = super().get_fieldsets(request, obj)
+        if obj is not None and obj.workflow_id is not None:
+            fieldsets = [fieldsets[0], self.workflow_fieldset, *fieldsets[1:]]
         if obj is None or obj.status != JobStatus.PENDING:
             return fieldsets
         (name, options), *rest = fieldsets
@@ -459,6 +468,28 @@ class JobAdmin(FilterSafeAdmin):
 
     def _download_url(self, job: Job, name: str) -> str:
         return reverse(f"{self.admin_site.name}:django_leasejobs_job_download", args=[job.pk, name])
+
+    def _job_url(self, job_id: int) -> str:
+        return reverse(f"{self.admin_site.name}:django_leasejobs_job_change", args=[job_id])
+
+    @admin.display(description=_("workflow"))
+    def workflow_link(self, job: Job) -> str:
+        if job.workflow_id is None:
+            return "-"
+        url = reverse(
+            f"{self.admin_site.name}:django_leasejobs_workflow_change", args=[job.workflow_id]
+        )
+        return format_html('<a href="{}">{} #{}</a>', url, _("workflow"), job.workflow_id)
+
+    @admin.display(description=_("parents"))
+    def parents_display(self, job: Job) -> str:
+        """The steps it waits for, in their order, with their status (one query)."""
+        return relatives_html(parents_of(job), self._job_url)
+
+    @admin.display(description=_("children"))
+    def children_display(self, job: Job) -> str:
+        """The steps that wait for it, with their status (one query)."""
+        return relatives_html(children_of(job), self._job_url)
 
     def _json(self, job: Job, name: str) -> str:
         return shown_json(preview(job, name), self._download_url(job, name))

@@ -144,12 +144,12 @@ def test_table_lists_each_queue_and_a_total_row() -> None:
 
     rows = table(out)
     assert list(rows) == ["queue", "default", "high", "low", "all"]
-    assert rows["queue"] == [*HEADER[1:], "oldest"]
-    # ready, sched, running, expired, dead, ok/1h, fail/1h, fail%, oldest
-    assert rows["default"] == ["2", "0", "1", "0", "0", "1", "0", "0.0%", "60m"]
-    assert rows["high"] == ["0", "1", "1", "1", "0", "0", "0", "-", "-"]
-    assert rows["low"] == ["0", "0", "0", "0", "1", "0", "1", "100.0%", "-"]
-    assert rows["all"] == ["2", "1", "2", "1", "1", "1", "1", "50.0%", "60m"]
+    assert rows["queue"] == [*HEADER[1:], "oldest", "waiting"]
+    # ready, sched, running, expired, dead, ok/1h, fail/1h, fail%, oldest, waiting
+    assert rows["default"] == ["2", "0", "1", "0", "0", "1", "0", "0.0%", "60m", "0"]
+    assert rows["high"] == ["0", "1", "1", "1", "0", "0", "0", "-", "-", "0"]
+    assert rows["low"] == ["0", "0", "0", "0", "1", "0", "1", "100.0%", "-", "0"]
+    assert rows["all"] == ["2", "1", "2", "1", "1", "1", "1", "50.0%", "60m", "0"]
     assert "workers online: 1" in out
     assert "running jobs listed: 2" in out
     assert err == ""
@@ -160,7 +160,7 @@ def test_table_of_an_empty_database_has_only_the_total_row() -> None:
     out, _err = status()
     rows = table(out)
     assert list(rows) == ["queue", "all"]
-    assert rows["all"] == ["0", "0", "0", "0", "0", "0", "0", "-", "-"]
+    assert rows["all"] == ["0", "0", "0", "0", "0", "0", "0", "-", "-", "0"]
     assert "workers online: 0" in out
 
 

@@ -27,7 +27,10 @@ from ..backends import database_failure, get_leasejobs_backend
 
 
 class Command(BaseCommand):
-    help = "Print queue health (counts per queue, oldest ready job, dead letters, workers)."
+    help = (
+        "Print queue health (counts per queue, oldest ready job, dead letters, waiting "
+        "workflow steps, workers)."
+    )
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -143,6 +146,8 @@ class Command(BaseCommand):
             "fail/1h",
             "fail%",
             "oldest",
+            # Last: scripts that read the columns by position keep theirs.
+            "waiting",
         )
         rows = [
             (
@@ -156,6 +161,7 @@ class Command(BaseCommand):
                 q.failed_last_hour,
                 percent(q.failure_rate),
                 seconds(q.oldest_ready_wait),
+                q.waiting,
             )
             for q in [*health.queues, health.totals]
         ]
