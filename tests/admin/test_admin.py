@@ -178,6 +178,9 @@ def states() -> dict[str, int]:
     ids["cancel_requested"] = cancel_requested_job(WORKER2)
     ids["scheduled"] = scheduled_job()
     ids["pending"] = enqueue(add, key="dedup-key-1")
+    # A workflow step waiting for its parent (its parent left out: one job per state).
+    ids["waiting"] = enqueue(add)
+    Job.objects.filter(pk=ids["waiting"]).update(status=JobStatus.WAITING, waiting_on=1)
     return ids
 
 
@@ -190,6 +193,7 @@ STATUS_OF_STATE = {
     "expired": JobStatus.RUNNING,
     "cancel_requested": JobStatus.RUNNING,
     "scheduled": JobStatus.PENDING,
+    "waiting": JobStatus.WAITING,
     "pending": JobStatus.PENDING,
 }
 
@@ -943,7 +947,7 @@ def test_delete_finished_across_all_selects_only_finished(
     asked = post_action(admin_client, "delete_finished", [states["pending"]], select_across="1")
     assert asked.status_code == 200
     assert b"delete 4 finished jobs" in asked.content
-    assert b"5 selected jobs are not finished" in asked.content
+    assert b"6 selected jobs are not finished" in asked.content
     form = page_form(asked)  # few enough: their ids, not "select all" again
     assert form["_selected_action"] == [str(i) for i in sorted(finished)]
     assert form["select_across"] == ["0"]
@@ -954,7 +958,8 @@ def test_delete_finished_across_all_selects_only_finished(
     assert messages_of(response) == ["Deleted 4 jobs."]
     remaining = set(Job.objects.values_list("pk", flat=True))
     assert remaining == {
-        states[s] for s in ("running", "expired", "cancel_requested", "scheduled", "pending")
+        states[s]
+        for s in ("running", "expired", "cancel_requested", "scheduled", "pending", "waiting")
     }
 
 
