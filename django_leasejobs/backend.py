@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,7 +17,7 @@ from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from . import leases, registry, tracing
-from .canvas import Canvas
+from .canvas import GraphStep
 from .compat import (
     TASK_MAX_PRIORITY,
     TASK_MIN_PRIORITY,
@@ -314,8 +314,18 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             return task.run_after
         return leases.database_now(self.database) + delay
 
-    def _job_fields(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
-        """The columns of a new job row for one call (task and arguments checked: JSON only)."""
+    def _job_fields(
+        self,
+        task: Task,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        *,
+        workflow_id: int | None = None,
+        waiting_on: int | None = None,
+        on_parent_failure: str | None = None,
+    ) -> NewJob:
+        """The columns of a new job row for one call (task and arguments checked: JSON
+        only); a workflow step's columns given as they are."""
         columns = self._checked(task).columns
         json_args, json_kwargs = json_arguments(args, kwargs, using=self.database)
         flow_group = columns.flow_group
@@ -343,6 +353,9 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             rate_limit=columns.rate_limit,
             metadata=columns.metadata,
             result_ttl=columns.result_ttl,
+            workflow_id=workflow_id,
+            waiting_on=waiting_on,
+            on_parent_failure=on_parent_failure,
         )
 
     def _new_job(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
@@ -563,12 +576,11 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ workflows
 
-    def enqueue_workflow(self, canvas: Canvas) -> WorkflowResult:
-        """Write a workflow (``canvas.graph()``) in one transaction: a workflow row, a job
+    def enqueue_workflow(self, graph: Sequence[GraphStep]) -> WorkflowResult:
+        """Write a workflow (``Canvas.graph()``) in one transaction: a workflow row, a job
         per step (``waiting`` while it has parents), an edge per parent. Called by
-        ``canvas.enqueue()``; every step's task must use this backend."""
+        ``Canvas.enqueue()``; every step's task must use this backend."""
         self.require_valid_config()
-        graph = canvas.graph()
         for number, spec in enumerate(graph):
             task = spec.step.task
             if task.backend != self.alias:
@@ -584,24 +596,25 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
                     "cannot be deduplicated yet; enqueue it outside the workflow, or drop "
                     "the key."
                 )
-        rows = []
-        for number, spec in enumerate(graph):
-            try:
-                row = self._job_fields(spec.step.task, spec.step.args, spec.step.kwargs)
-            except InvalidTaskArguments as exc:
-                raise InvalidTaskArguments(f"step {number}: {exc}") from None
-            rows.append(
-                replace(
-                    row,
-                    waiting_on=len(spec.parents) or None,
-                    on_parent_failure="run" if spec.step.on_parent_failure == "run" else None,
-                )
-            )
         with transaction.atomic(using=self.database):
             workflow = Workflow.objects.using(self.database).create(
-                backend=self.alias, step_count=len(rows)
+                backend=self.alias, step_count=len(graph)
             )
-            rows = [replace(row, workflow_id=workflow.pk) for row in rows]
+            rows = []
+            for number, spec in enumerate(graph):
+                try:
+                    rows.append(
+                        self._job_fields(
+                            spec.step.task,
+                            spec.step.args,
+                            spec.step.kwargs,
+                            workflow_id=workflow.pk,
+                            waiting_on=len(spec.parents) or None,
+                            on_parent_failure=spec.step.parent_failure_column,
+                        )
+                    )
+                except InvalidTaskArguments as exc:
+                    raise InvalidTaskArguments(f"step {number}: {exc}") from None
             ids, now = self._insert_rows(rows)
             leases.insert_edges(
                 [

@@ -47,16 +47,17 @@ class Canvas:
         """Write every step and the order between them in one transaction (the
         caller's, inside ``atomic()``). Steps waiting for a parent are not claimable
         until it succeeds."""
-        steps = self.steps()
-        backend = steps[0].task.get_backend()
+        graph = self.graph()
+        first = graph[0].step.task
+        backend = first.get_backend()
         enqueue_workflow = getattr(backend, "enqueue_workflow", None)
         if enqueue_workflow is None:
             raise TypeError(
-                f"workflows need the LeaseJobs backend: {steps[0].task.module_path} uses "
+                f"workflows need the LeaseJobs backend: {first.module_path} uses "
                 f"{type(backend).__module__}.{type(backend).__qualname__} "
-                f"(TASKS[{steps[0].task.backend!r}])."
+                f"(TASKS[{first.backend!r}])."
             )
-        result: WorkflowResult = enqueue_workflow(self)
+        result: WorkflowResult = enqueue_workflow(graph)
         return result
 
     async def aenqueue(self) -> WorkflowResult:
@@ -92,6 +93,11 @@ class Step(Canvas):
                 f"running when a parent failed) or 'run' (it runs anyway), not "
                 f"{self.on_parent_failure!r}."
             )
+
+    @property
+    def parent_failure_column(self) -> str | None:
+        """``Job.on_parent_failure`` for this step: ``"run"``, or None for the default."""
+        return "run" if self.on_parent_failure == "run" else None
 
     def _place(self, out: list[GraphStep], parents: tuple[int, ...]) -> tuple[int, ...]:
         out.append(GraphStep(self, parents))
