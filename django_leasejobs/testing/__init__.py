@@ -5,7 +5,7 @@ the worker's own execution path and fenced writes; assert what was enqueued.
 
 * :func:`run_jobs` runs queued jobs and returns one :class:`JobRun` per attempt;
 * :func:`enqueued_jobs`, :func:`assert_enqueued`, :func:`assert_not_enqueued` look at
-  the job rows;
+  the job rows; :func:`assert_workflow` at a workflow's steps;
 * :class:`LeaseJobsKit` bundles them for one backend alias (the pytest fixture
   ``leasejobs`` returns one: ``django_leasejobs.testing.pytest_plugin``);
 * :class:`LeaseJobsTestMixin` adds ``self.run_jobs()``, ``self.assertEnqueued()`` and
@@ -21,7 +21,13 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .assertions import assert_enqueued, assert_not_enqueued, describe_job, enqueued_jobs
+    from .assertions import (
+        assert_enqueued,
+        assert_not_enqueued,
+        assert_workflow,
+        describe_job,
+        enqueued_jobs,
+    )
     from .kit import LeaseJobsKit, LeaseJobsTestMixin
     from .runner import JobRun, run_jobs
 
@@ -31,6 +37,7 @@ _WHERE = {
     "enqueued_jobs": "assertions",
     "assert_enqueued": "assertions",
     "assert_not_enqueued": "assertions",
+    "assert_workflow": "assertions",
     "describe_job": "assertions",
     "LeaseJobsKit": "kit",
     "LeaseJobsTestMixin": "kit",
@@ -42,6 +49,7 @@ __all__ = [
     "LeaseJobsTestMixin",
     "assert_enqueued",
     "assert_not_enqueued",
+    "assert_workflow",
     "describe_job",
     "enqueued_jobs",
     "run_jobs",

@@ -7,7 +7,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ..compat import Task
-from ..models import Job
+from ..models import Dependency, Job
+from ..workflow_results import WorkflowResult
 from .runner import lease_jobs_backend, queue_list
 
 LISTED_AT_MOST = 50
@@ -97,6 +98,57 @@ def assert_not_enqueued(
             f"Expected no {_status_words(status)}job of {described}, found "
             f"{len(matching)}:\n" + "\n".join(f"  {describe_job(job)}" for job in matching)
         )
+
+
+def assert_workflow(
+    workflow: WorkflowResult | str | int,
+    *,
+    status: str | None = "SUCCESSFUL",
+    steps: Sequence[str] | None = None,
+    backend: str = "default",
+) -> WorkflowResult:
+    """Assert how a workflow (its ``WorkflowResult`` or id) stands now, and return it
+    read again.
+
+    ``status``: the workflow's (``"SUCCESSFUL"``, ``"FAILED"``, ``"RUNNING"``,
+    ``"READY"``: Django's ``TaskResultStatus``; None: any). ``steps``: each step's job
+    status in the workflow's order (``["succeeded", "failed", "waiting"]``). The failure
+    message lists every step with its parents.
+    """
+    lease_backend = lease_jobs_backend(backend)
+    workflow_id = workflow.id if isinstance(workflow, WorkflowResult) else workflow
+    found = lease_backend.get_workflow(workflow_id)
+    jobs = {
+        job.pk: job
+        for job in Job.objects.using(lease_backend.database).filter(workflow_id=int(found.id))
+    }
+    ordered = [jobs[int(result.id)] for result in found.steps]
+    problems = []
+    if status is not None and str(found.status) != str(status).upper():
+        problems.append(f"status {str(found.status)!r}, expected {str(status).upper()!r}")
+    if steps is not None and [job.status for job in ordered] != list(steps):
+        problems.append(
+            f"step statuses {[job.status for job in ordered]!r}, expected {list(steps)!r}"
+        )
+    if problems:
+        parents: dict[int, list[int]] = {}
+        for parent, child in (
+            Dependency.objects.using(lease_backend.database)
+            .filter(child_id__in=list(jobs))
+            .order_by("child_id", "position")
+            .values_list("parent_id", "child_id")
+        ):
+            parents.setdefault(child, []).append(parent)
+        lines = [
+            f"  {number}. {describe_job(job)}"
+            + (f" after {', '.join(f'#{p}' for p in parents[job.pk])}" if job.pk in parents else "")
+            + (f"\n     {job.last_error.splitlines()[0]}" if job.last_error else "")
+            for number, job in enumerate(ordered)
+        ]
+        raise AssertionError(
+            f"Workflow #{found.id}: " + "; ".join(problems) + ".\n" + "\n".join(lines)
+        )
+    return found
 
 
 def describe_job(job: Job) -> str:

@@ -7,7 +7,14 @@ from typing import Any
 
 from ..compat import Task
 from ..models import Job
-from .assertions import Statuses, assert_enqueued, assert_not_enqueued, enqueued_jobs
+from ..workflow_results import WorkflowResult
+from .assertions import (
+    Statuses,
+    assert_enqueued,
+    assert_not_enqueued,
+    assert_workflow,
+    enqueued_jobs,
+)
 from .runner import JobRun, run_jobs
 
 
@@ -88,6 +95,15 @@ class LeaseJobsKit:
             backend=self.backend,
             status=status,
         )
+
+    def assert_workflow(
+        self,
+        workflow: WorkflowResult | str | int,
+        *,
+        status: str | None = "SUCCESSFUL",
+        steps: Sequence[str] | None = None,
+    ) -> WorkflowResult:
+        return assert_workflow(workflow, status=status, steps=steps, backend=self.backend)
 
 
 class LeaseJobsTestMixin:
@@ -170,3 +186,12 @@ class LeaseJobsTestMixin:
         self.leasejobs_kit.assert_not_enqueued(
             task, args=args, kwargs=kwargs, queue=queue, priority=priority, status=status
         )
+
+    def assertWorkflow(
+        self,
+        workflow: WorkflowResult | str | int,
+        *,
+        status: str | None = "SUCCESSFUL",
+        steps: Sequence[str] | None = None,
+    ) -> WorkflowResult:
+        return self.leasejobs_kit.assert_workflow(workflow, status=status, steps=steps)
