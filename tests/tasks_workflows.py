@@ -47,3 +47,11 @@ def finaliser(context: Any) -> dict[str, Any]:
         "parent_results": context.parent_results,
         "failed": [(p.job_id, p.status, p.task_path) for p in context.failed_parents],
     }
+
+
+@task
+def start_pipeline(first: int) -> str:
+    """Enqueues a workflow from inside a job (what a schedule's task does); returns its id."""
+    from django_leasejobs.workflows import chain, step
+
+    return chain(step(value, first), step(total)).enqueue().id

@@ -245,3 +245,12 @@ def test_aenqueue_and_arefresh() -> None:
 
     result = async_to_sync(enqueue_and_refresh)()
     assert result.status == TaskResultStatus.READY and len(result.steps) == 2
+
+
+def test_a_job_enqueues_a_workflow_as_a_scheduled_task_does() -> None:
+    from django_leasejobs.testing import assert_workflow
+
+    t.start_pipeline.enqueue(5)
+    runs = run_jobs()
+    assert [run.task_path.rsplit(".", 1)[1] for run in runs] == ["start_pipeline", "value", "total"]
+    assert assert_workflow(runs[0].result).steps[-1].return_value == 5
