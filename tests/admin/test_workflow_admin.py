@@ -23,6 +23,7 @@ from django.http import HttpResponse
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from django_leasejobs.admin import workflow_graph
 from django_leasejobs.admin import workflows as workflow_admin
 from django_leasejobs.models import Job, JobStatus, Workflow
 from django_leasejobs.testing import run_jobs
@@ -160,7 +161,7 @@ def test_the_page_draws_each_step_as_a_link_and_each_edge(admin_client: Client) 
     content = page.content.decode()
     for job_id in steps:
         assert content.count(f'href="{job_url(job_id)}"') == 2
-    graph = workflow_admin.read_graph(Workflow.objects.get(pk=workflow_id))
+    graph = workflow_graph.read_graph(Workflow.objects.get(pk=workflow_id))
     assert graph.layers == {**dict.fromkeys(steps[:-1], 0), steps[-1]: 1}
     assert graph.parents[steps[-1]] == 3
 
@@ -204,7 +205,7 @@ def test_the_page_escapes_a_hostile_task_path(admin_client: Client) -> None:
 def test_a_huge_workflow_gets_a_table_per_layer_instead_of_the_drawing(
     admin_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(workflow_admin, "DRAW_LIMIT", 3)
+    monkeypatch.setattr(workflow_graph, "DRAW_LIMIT", 3)
     monkeypatch.setattr(workflow_admin, "TABLE_LIMIT", 2)
     workflow_id, _steps = a_chord(4)
 
