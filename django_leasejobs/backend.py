@@ -14,6 +14,7 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from . import leases, registry, tracing
@@ -165,6 +166,14 @@ class _KeyTaken(Exception):
     def __init__(self, job: Job) -> None:
         super().__init__(job.pk)
         self.job = job
+
+
+@dataclass(frozen=True, slots=True)
+class _WrittenWorkflow:
+    workflow_id: int
+    steps: list[TaskResult]
+    new: list[bool]
+    """Whether each step added a job (False: deduplicated by its key)."""
 
 
 class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
@@ -579,7 +588,12 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
     def enqueue_workflow(self, graph: Sequence[GraphStep]) -> WorkflowResult:
         """Write a workflow (``Canvas.graph()``) in one transaction: a workflow row, a job
         per step (``waiting`` while it has parents), an edge per parent. Called by
-        ``Canvas.enqueue()``; every step's task must use this backend."""
+        ``Canvas.enqueue()``; every step's task must use this backend.
+
+        A step whose task has a dedup ``key`` held by a job (``leases.key_holder``: an
+        unfinished one, or one within ``unique_for``), or by an earlier step of the same
+        workflow, adds no job: it *is* that job, and its dependants wait for it.
+        """
         self.require_valid_config()
         for number, spec in enumerate(graph):
             task = spec.step.task
@@ -590,18 +604,42 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
                     "step of a workflow must use the same backend."
                 )
             self._checked(task)
-            if getattr(task, "key", None) is not None:
+            if getattr(task, "debounce", None) is not None:
                 raise InvalidTask(
-                    f"step {number} ({task.module_path}) has a dedup key: workflow steps "
-                    "cannot be deduplicated yet; enqueue it outside the workflow, or drop "
-                    "the key."
+                    f"step {number} ({task.module_path}) has a debounce: a workflow step "
+                    "cannot replace another job's arguments. Use unique_for, or enqueue "
+                    "the debounced job outside the workflow."
                 )
-        with transaction.atomic(using=self.database):
-            workflow = Workflow.objects.using(self.database).create(
+        for attempt in range(5):
+            try:
+                written = self._write_workflow(graph)
+            except IntegrityError:
+                # Another producer took a step's key between the lookup and the insert:
+                # look again (its job is now the holder).
+                if attempt == 4:
+                    raise
+            else:
+                break
+        self._announce([r for r, new in zip(written.steps, written.new, strict=True) if new])
+        return WorkflowResult(
+            id=str(written.workflow_id),
+            backend=self.alias,
+            status=TaskResultStatus.READY,
+            steps=written.steps,
+        )
+
+    def _write_workflow(self, graph: Sequence[GraphStep]) -> _WrittenWorkflow:
+        using = self.database
+        with transaction.atomic(using=using):
+            workflow = Workflow.objects.using(using).create(
                 backend=self.alias, step_count=len(graph)
             )
-            rows = []
+            holders = self._key_holders(graph)
+            rows: list[NewJob] = []
+            numbers: list[int] = []  # the step number of each row
             for number, spec in enumerate(graph):
+                if number in holders:
+                    continue
                 try:
                     rows.append(
                         self._job_fields(
@@ -615,24 +653,95 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
                     )
                 except InvalidTaskArguments as exc:
                     raise InvalidTaskArguments(f"step {number}: {exc}") from None
-            ids, now = self._insert_rows(rows)
+                numbers.append(number)
+            new_ids, now = self._insert_rows(rows)
+            job_of: dict[int, int] = dict(zip(numbers, new_ids, strict=True))
+            for number, holder in holders.items():
+                job_of[number] = holder if isinstance(holder, int) else holder.pk
+            for number, holder in holders.items():  # a step aliasing an earlier one
+                if isinstance(holder, int):
+                    job_of[number] = job_of[holder]
+            step_ids = [job_of[number] for number in range(len(graph))]
+            Workflow.objects.using(using).filter(pk=workflow.pk).update(step_ids=step_ids)
+            # Only new steps wait: an edge into a job that was already there means nothing.
             leases.insert_edges(
                 [
-                    (ids[parent], ids[number], position)
-                    for number, spec in enumerate(graph)
-                    for position, parent in enumerate(spec.parents)
+                    (job_of[parent], job_of[number], position)
+                    for number in numbers
+                    for position, parent in enumerate(graph[number].parents)
                 ],
-                using=self.database,
+                using=using,
             )
+            found = {h.pk: h for h in holders.values() if isinstance(h, Job)}
+            self._join_holders(workflow.pk, found.values())
+            self._settle_finished_holders(graph, job_of, numbers, found)
             self._notify(row.queue for row in rows if not row.waiting_on)
-        results = [
-            self._fresh_result(spec.step.task, row, job_id, now)
-            for spec, row, job_id in zip(graph, rows, ids, strict=True)
-        ]
-        self._announce(results)
-        return WorkflowResult(
-            id=str(workflow.pk), backend=self.alias, status=TaskResultStatus.READY, steps=results
+        results: dict[int, TaskResult] = {
+            job_of[number]: self._fresh_result(graph[number].step.task, row, job_of[number], now)
+            for number, row in zip(numbers, rows, strict=True)
+        }
+        results.update((pk, self.result_from_job(job)) for pk, job in found.items())
+        return _WrittenWorkflow(
+            workflow.pk,
+            [results[job_of[number]] for number in range(len(graph))],
+            [number in set(numbers) for number in range(len(graph))],
         )
+
+    def _key_holders(self, graph: Sequence[GraphStep]) -> dict[int, Job | int]:
+        """The steps whose key is held: by a job (locked for the rest of the transaction,
+        so its status is what the workflow is written against), or by an earlier step of
+        this workflow (its number)."""
+        holders: dict[int, Job | int] = {}
+        first_with: dict[str, int] = {}
+        jobs = Job.objects.using(self.database)
+        for number, spec in enumerate(graph):
+            key = getattr(spec.step.task, "key", None)
+            if key is None:
+                continue
+            if key in first_with:
+                holders[number] = first_with[key]
+                continue
+            holder = leases.key_holder(
+                key, unique_for=getattr(spec.step.task, "unique_for", None), using=self.database
+            )
+            if holder is None:
+                first_with[key] = number
+            else:
+                holders[number] = jobs.select_for_update().get(pk=holder.pk)
+        return holders
+
+    def _join_holders(self, workflow_id: int, holders: Iterable[Job]) -> None:
+        """A plain job that a step was deduplicated against joins the workflow: its end
+        then settles the step's dependants, as a step's does."""
+        plain = [h.pk for h in holders if h.workflow_id is None and not h.is_finished]
+        if plain:
+            Job.objects.using(self.database).filter(pk__in=plain, workflow__isnull=True).update(
+                workflow_id=workflow_id
+            )
+
+    def _settle_finished_holders(
+        self,
+        graph: Sequence[GraphStep],
+        job_of: Mapping[int, int],
+        numbers: Sequence[int],
+        holders: Mapping[int, Job],
+    ) -> None:
+        """New steps that wait for a job that had already finished: settled now, as its end
+        would have settled them (released, or ended unrun)."""
+        finished = {pk: job for pk, job in holders.items() if job.is_finished}
+        if not finished:
+            return
+        waiting = {
+            job_of[number]
+            for number in numbers
+            if any(job_of[parent] in finished for parent in graph[number].parents)
+        }
+        if waiting:
+            ended = [
+                leases.EndedStep(pk, job.status == JobStatus.SUCCEEDED, job.task_path, job.status)
+                for pk, job in finished.items()
+            ]
+            leases.settle_new_steps(ended, only=sorted(waiting), using=self.database)
 
     def _insert_rows(self, rows: list[NewJob]) -> tuple[list[int], Any]:
         """Insert checked rows without dedup keys; their ids in order and the insert time.
@@ -661,18 +770,32 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         workflow = Workflow.objects.using(self.database).filter(pk=pk, backend=self.alias).first()
         if workflow is None:
             raise WorkflowDoesNotExist(workflow_id)
-        jobs = list(Job.objects.using(self.database).filter(workflow_id=pk).order_by("id"))
+        jobs = Job.objects.using(self.database)
+        found = {job.pk: job for job in jobs.filter(workflow_id=pk)}
+        order = workflow.step_ids if isinstance(workflow.step_ids, list) else sorted(found)
+        elsewhere = [job_id for job_id in order if job_id not in found]  # deduplicated steps
+        if elsewhere:
+            found.update((job.pk, job) for job in jobs.filter(pk__in=elsewhere))
         attempts: dict[int, list[JobAttempt]] = {}
         for attempt in (
-            JobAttempt.objects.using(self.database).filter(job__workflow_id=pk).order_by("id")
+            JobAttempt.objects.using(self.database)
+            .filter(Q(job__workflow_id=pk) | Q(job_id__in=elsewhere))
+            .order_by("id")
         ):
             attempts.setdefault(attempt.job_id, []).append(attempt)
-        steps = [self.result_from_job(job, attempts=attempts.get(job.pk, [])) for job in jobs]
-        started = any(job.started_at is not None for job in jobs)
+        # A step whose job was deleted (pruned) is left out.
+        steps = [
+            self.result_from_job(found[job_id], attempts=attempts.get(job_id, []))
+            for job_id in order
+            if job_id in found
+        ]
         return WorkflowResult(
             id=str(pk),
             backend=self.alias,
-            status=workflow_status((job.status for job in jobs), started=started),
+            status=workflow_status(
+                (job.status for job in found.values()),
+                started=any(job.started_at is not None for job in found.values()),
+            ),
             steps=steps,
         )
 

@@ -30,7 +30,8 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled", _("Cancelled")
 
 
-ACTIVE_STATUSES = (JobStatus.PENDING, JobStatus.RUNNING)
+ACTIVE_STATUSES = (JobStatus.WAITING, JobStatus.PENDING, JobStatus.RUNNING)
+"""The statuses of a job that has not finished: they hold its dedup key."""
 FINISHED_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DEAD, JobStatus.CANCELLED)
 
 
@@ -102,7 +103,7 @@ class Job(models.Model):
         max_length=255,
         null=True,
         blank=True,
-        help_text="Optional dedup key, unique among pending and running jobs.",
+        help_text="Optional dedup key, unique among waiting, pending and running jobs.",
     )
     timeout = models.FloatField(null=True, blank=True, help_text="Seconds per attempt.")
     retry_backoff = models.JSONField(
@@ -290,7 +291,7 @@ class Job(models.Model):
             ),
             models.UniqueConstraint(
                 fields=["key"],
-                condition=Q(status__in=["pending", "running"]) & Q(key__isnull=False),
+                condition=Q(status__in=["waiting", "pending", "running"]) & Q(key__isnull=False),
                 name="leasejobs_job_active_key_unique",
             ),
         ]
@@ -316,6 +317,13 @@ class Workflow(models.Model):
     backend = models.CharField(max_length=64, default="default")
     created_at = models.DateTimeField(db_default=DatabaseNow())
     step_count = models.PositiveIntegerField(default=0)
+    step_ids = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The job of each step, in the workflow's order: its own, or the job a "
+        "step with a dedup key was deduplicated against (which may belong to another "
+        "workflow).",
+    )
 
     class Meta:
         app_label = APP_LABEL

@@ -9,9 +9,7 @@ from dataclasses import dataclass, field
 from asgiref.sync import sync_to_async
 
 from .compat import TaskResult, TaskResultStatus, task_backends
-from .models import JobStatus
-
-_ACTIVE = frozenset({JobStatus.WAITING, JobStatus.PENDING, JobStatus.RUNNING})
+from .models import ACTIVE_STATUSES, JobStatus
 
 
 def workflow_status(statuses: Iterable[str], *, started: bool) -> TaskResultStatus:
@@ -21,7 +19,7 @@ def workflow_status(statuses: Iterable[str], *, started: bool) -> TaskResultStat
     seen = list(statuses)
     if all(status == JobStatus.SUCCEEDED for status in seen):
         return TaskResultStatus.SUCCESSFUL
-    if not any(status in _ACTIVE for status in seen):
+    if not any(status in ACTIVE_STATUSES for status in seen):
         return TaskResultStatus.FAILED
     return TaskResultStatus.RUNNING if started else TaskResultStatus.READY
 

@@ -33,7 +33,14 @@ from __future__ import annotations
 from ..exceptions import LeaseLost, RowLocked
 from .claim import claim, claim_round, unclaim
 from .defer import Deferred, defer_unknown
-from .dependants import PARENT_FAILED_CLASS, EndedStep, Settled, repair_waiting, settle_and_notify
+from .dependants import (
+    PARENT_FAILED_CLASS,
+    EndedStep,
+    Settled,
+    repair_waiting,
+    settle_and_notify,
+    settle_new_steps,
+)
 from .dialect import portable_path, retry_deadlocks
 from .enqueue import (
     NOTIFY_CHANNEL,
@@ -155,6 +162,7 @@ __all__ = [
     "seconds_to_next_due",
     "set_progress",
     "settle_and_notify",
+    "settle_new_steps",
     "storable_text",
     "unclaim",
 ]

@@ -31,7 +31,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from ..models import Dependency
-from .dialect import Dialect
+from .dialect import Dialect, dialect
 from .enqueue import NOTIFY_CHANNEL, notify
 
 PARENT_FAILED_CLASS = "django_leasejobs.exceptions.ParentFailed"
@@ -63,15 +63,25 @@ def parent_failed_message(parent: int, task_path: str, status: str) -> str:
     )
 
 
-def settle_and_notify(d: Dialect, ended: Sequence[EndedStep]) -> Settled:
+def settle_and_notify(
+    d: Dialect, ended: Sequence[EndedStep], *, only: Sequence[int] | None = None
+) -> Settled:
     """:func:`settle`, then wake the workers of the released steps' queues (PostgreSQL's
     ``NOTIFY``, delivered when the caller's transaction commits)."""
     if not ended:
         return Settled([], [])
-    settled = settle(d, ended)
+    settled = settle(d, ended, only=only)
     if settled.released:
         notify(NOTIFY_CHANNEL, {queue for _, queue in settled.released}, using=d.using)
     return settled
+
+
+def settle_new_steps(
+    ended: Sequence[EndedStep], *, only: Sequence[int], using: str = "default"
+) -> Settled:
+    """Settle the new steps ``only`` of a workflow being written that wait for the jobs
+    ``ended``, which had finished before (:func:`settle` with ``only``)."""
+    return settle_and_notify(dialect(using), ended, only=only)
 
 
 def steps_of(d: Dialect, ids: Sequence[int], *, succeeded: bool) -> list[EndedStep]:
@@ -92,16 +102,22 @@ def steps_of(d: Dialect, ids: Sequence[int], *, succeeded: bool) -> list[EndedSt
         ]
 
 
-def settle(d: Dialect, ended: Sequence[EndedStep]) -> Settled:
+def settle(d: Dialect, ended: Sequence[EndedStep], *, only: Sequence[int] | None = None) -> Settled:
     """Release or end the waiting dependants of ``ended`` (call inside the transaction
     that ended them). Returns what it changed; the caller wakes workers (``NOTIFY``)
-    for the released steps' queues."""
+    for the released steps' queues.
+
+    ``only``: settle only these children of ``ended`` (their own dependants as ever): the
+    new steps of a workflow that wait for a job that had already finished when they were
+    written (a step deduplicated by its key against a finished job).
+    """
     released: list[tuple[int, str]] = []
     failed: list[int] = []
     level = list(ended)
     with connections[d.using].cursor() as cursor:
         while level:
-            level_released, level_failed = _settle_level(d, cursor, level)
+            level_released, level_failed = _settle_level(d, cursor, level, only)
+            only = None
             released.extend(level_released)
             failed.extend(step.id for step in level_failed)
             level = level_failed
@@ -109,19 +125,21 @@ def settle(d: Dialect, ended: Sequence[EndedStep]) -> Settled:
 
 
 def _settle_level(
-    d: Dialect, cursor: Any, level: list[EndedStep]
+    d: Dialect, cursor: Any, level: list[EndedStep], only: Sequence[int] | None
 ) -> tuple[list[tuple[int, str]], list[EndedStep]]:
-    """Settle the children of one level of ended steps: (released, ended without running)."""
+    """Settle the children of one level of ended steps (``only`` these, when given):
+    (released, ended without running)."""
     edges = _edges(d)
     parents = sorted({step.id for step in level})
     in_parents, parent_params = d.in_ids(parents)
     lock = " FOR UPDATE" if d.row_locks else ""
+    among, among_params = ("", []) if only is None else d.in_ids(sorted(only))
     cursor.execute(
         f"SELECT c.id, c.on_parent_failure FROM {d.jobs} AS c "  # noqa: S608 - identifiers quoted, values bound
         f"WHERE c.status = 'waiting' AND c.id IN "
         f"(SELECT e.child_id FROM {edges} AS e WHERE e.parent_id {in_parents}) "
-        f"ORDER BY c.id{lock}",
-        parent_params,
+        f"{'AND c.id ' + among + ' ' if among else ''}ORDER BY c.id{lock}",
+        [*parent_params, *among_params],
     )
     children = {int(child): mode for child, mode in cursor.fetchall()}
     if not children:

@@ -61,6 +61,21 @@ def complete_many(
         return rows, skipped
 
     rows, skipped = retry_deadlocks(d.using, succeed) if steps else succeed()
+    # A job that became a workflow step while it ran (a step deduplicated against it by
+    # its key): its dependants right after, in their own transaction (a crash between the
+    # two leaves them to the reaper's repair).
+    late = [
+        EndedStep(int(job), True)
+        for job, attempt, _, workflow in rows
+        if workflow is not None and (int(job), int(attempt)) not in steps
+    ]
+    if late:
+
+        def settle_late() -> None:
+            with transaction.atomic(using=using):
+                settle_and_notify(d, late)
+
+        retry_deadlocks(d.using, settle_late)
     succeeded = str(JobStatus.SUCCEEDED)
     return WriteResult(
         {(int(job), int(attempt)): succeeded for job, attempt, _, _ in rows},

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from django.db.models import CharField
 
-from ..models import Job, JobAttempt, JobStatus
+from ..models import Job, JobAttempt
 from ..retry import Decision, Verdict
 
 Value = Callable[[str], str]
@@ -54,9 +54,6 @@ def _max_length(model: type[Job] | type[JobAttempt], name: str) -> int:
 MAX_ERROR_CLASS_LENGTH = _max_length(JobAttempt, "error_class")
 MAX_PROGRESS_MESSAGE_LENGTH = _max_length(Job, "progress_message")
 MAX_DECISION_LENGTH = _max_length(JobAttempt, "decision")
-
-ACTIVE = (JobStatus.PENDING.value, JobStatus.RUNNING.value)
-"""The statuses that hold a dedup key."""
 
 
 def storable_text(value: object, limit: int | None = None) -> str:

@@ -142,6 +142,16 @@ class Migration(migrations.Migration):
                     models.DateTimeField(db_default=django_leasejobs.functions.DatabaseNow()),
                 ),
                 ("step_count", models.PositiveIntegerField(default=0)),
+                (
+                    "step_ids",
+                    models.JSONField(
+                        blank=True,
+                        help_text="The job of each step, in the workflow's order: its own, or "
+                        "the job a step with a dedup key was deduplicated against (which may "
+                        "belong to another workflow).",
+                        null=True,
+                    ),
+                ),
             ],
             options={
                 "verbose_name": "workflow",

@@ -118,9 +118,9 @@ def assert_workflow(
     lease_backend = lease_jobs_backend(backend)
     workflow_id = workflow.id if isinstance(workflow, WorkflowResult) else workflow
     found = lease_backend.get_workflow(workflow_id)
+    step_ids = [int(result.id) for result in found.steps]
     jobs = {
-        job.pk: job
-        for job in Job.objects.using(lease_backend.database).filter(workflow_id=int(found.id))
+        job.pk: job for job in Job.objects.using(lease_backend.database).filter(pk__in=step_ids)
     }
     ordered = [jobs[int(result.id)] for result in found.steps]
     problems = []
