@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 
 from ..models import Dependency
 from .dialect import Dialect, dialect, placeholders, retry_deadlocks
@@ -105,9 +105,19 @@ def retry_failed_steps(workflow_id: int, *, using: str = "default") -> int:
     """Run again every step of a workflow that ended without succeeding (failed, dead,
     cancelled, or ended unrun after a parent failed): each gets a fresh budget as an
     operator's retry gives a job, and waits again for its parents that have not
-    succeeded (those retried with it). Returns the number of steps retried."""
+    succeeded (those retried with it). Returns the number of steps retried.
+
+    ``ValueError`` (and nothing retried) when a failed step's dedup key is held by another
+    job that has not finished."""
     d = dialect(using)
-    return retry_deadlocks(using, lambda: _retry_failed_steps(d, workflow_id))
+    try:
+        return retry_deadlocks(using, lambda: _retry_failed_steps(d, workflow_id))
+    except IntegrityError:
+        raise ValueError(
+            f"workflow {workflow_id}: a failed step's dedup key is held by another job that "
+            "has not finished; nothing was retried. Let that job finish (or cancel it), then "
+            "retry the failed steps."
+        ) from None
 
 
 def _retry_failed_steps(d: Dialect, workflow_id: int) -> int:

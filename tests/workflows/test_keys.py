@@ -85,3 +85,15 @@ def test_debounce_is_refused_on_a_step() -> None:
     with pytest.raises(InvalidTask, match="debounce"):
         chain(step(t.value.using(key="d", debounce=5), 1)).enqueue()
     assert not Workflow.objects.exists()
+
+
+def test_retry_failed_steps_refuses_when_a_failed_steps_key_was_taken() -> None:
+    from django_leasejobs.workflows import retry_failed_steps
+
+    result = chain(step(t.boom.using(key="k-retry"))).enqueue()
+    run_jobs()
+    taker = t.value.using(key="k-retry").enqueue(1)  # the key is free again: taken
+    with pytest.raises(ValueError, match="dedup key is held by another job"):
+        retry_failed_steps(result.id)
+    assert Job.objects.get(pk=result.steps[0].id).status == "failed"
+    assert Job.objects.get(pk=taker.id).status == "pending"
