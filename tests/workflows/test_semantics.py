@@ -254,3 +254,15 @@ def test_a_job_enqueues_a_workflow_as_a_scheduled_task_does() -> None:
     runs = run_jobs()
     assert [run.task_path.rsplit(".", 1)[1] for run in runs] == ["start_pipeline", "value", "total"]
     assert assert_workflow(runs[0].result).steps[-1].return_value == 5
+
+
+def test_a_released_step_obeys_its_flow_limits() -> None:
+    from tests import tasks_flow
+
+    result = chain(
+        step(t.value, 1), group(*(step(tasks_flow.two_at_a_time, n) for n in range(3)))
+    ).enqueue()
+    limited = [Job.objects.get(pk=r.id) for r in result.steps[1:]]
+    assert {job.flow_group for job in limited} == {"task:tests.tasks_flow.two_at_a_time"}
+    run_jobs()
+    assert statuses(result) == ["succeeded"] * 4
