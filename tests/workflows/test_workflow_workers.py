@@ -14,6 +14,7 @@ import signal
 from collections import Counter
 
 import pytest
+from django.db import connection, transaction
 
 from django_leasejobs.compat import TaskResultStatus
 from django_leasejobs.models import Job, JobAttempt, JobStatus
@@ -231,3 +232,65 @@ def test_a_long_chain_runs_each_step_once_in_order(
     assert [s.return_value for s in result.steps] == list(range(1, CHAIN_LENGTH + 1))
     worker.terminate()
     assert worker.wait(timeout=15) == 0, worker.output
+
+
+# ------------------------- 4. a worker killed while it records a parent's success
+
+
+def _blocked_on_a_row_lock() -> bool:
+    """Whether another session of this database waits for a row lock (ours)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            )
+        else:
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
+            )
+        (waiting,) = cursor.fetchone()
+    return bool(waiting)
+
+
+def test_a_worker_killed_while_it_records_a_parents_success_loses_no_release(
+    workers: Workers, marker_dir: str
+) -> None:
+    """The test holds the child's row lock, so the worker's write of the parent's success
+    stops inside its transaction, at the release; the worker is SIGKILLed there. Nothing
+    of that transaction stays: the parent is still running, is reaped, runs again, and its
+    success releases the child, which runs once."""
+    if connection.vendor not in ("postgresql", "mysql"):
+        pytest.skip("row locks held by another session: PostgreSQL and MySQL/MariaDB")
+    flow = chain(step(t.increment, marker_dir, 0), step(t.after_parent, marker_dir)).enqueue()
+    parent, child = (int(s.id) for s in flow.steps)
+    with transaction.atomic():
+        Job.objects.select_for_update().get(pk=child)
+        first = workers.start(args=["--concurrency", "1", "--worker-id", "first"])
+        wait_until(
+            _blocked_on_a_row_lock,
+            timeout=30,
+            what="the worker's write of the parent's success to wait for the child's row",
+        )
+        assert [(k, j, a) for k, j, a, _ in t.read_runs(marker_dir)] == [("step", parent, 1)]
+        first.kill()
+        assert first.wait(timeout=10) == -signal.SIGKILL
+        _kill_leftovers(workers, first)
+    wait_until(lambda: not _blocked_on_a_row_lock(), timeout=30, what="the killed session to end")
+    rows = _rows([parent, child])
+    assert (rows[parent].status, rows[parent].attempt) == (JobStatus.RUNNING, 1)  # rolled back
+    assert (rows[child].status, rows[child].waiting_on) == (JobStatus.WAITING, 1)
+
+    second = workers.start(args=["--concurrency", "2", "--worker-id", "second"])
+    _wait_all_succeeded([parent, child], timeout=30, what="the parent's re-run and its child")
+    rows = _rows([parent, child])
+    assert (rows[parent].attempt, rows[child].attempt, rows[child].waiting_on) == (2, 1, 0)
+    assert rows[child].result == {"parents": [1], "attempt": 1}
+    assert [(k, j, a) for k, j, a, _ in t.read_runs(marker_dir)] == [
+        ("step", parent, 1),
+        ("step", parent, 2),
+        ("child", child, 1),
+    ]
+    assert _started_ids(second) == Counter({parent: 1, child: 1})
+    second.terminate()
+    assert second.wait(timeout=15) == 0, second.output
