@@ -266,3 +266,19 @@ def test_a_released_step_obeys_its_flow_limits() -> None:
     assert {job.flow_group for job in limited} == {"task:tests.tasks_flow.two_at_a_time"}
     run_jobs()
     assert statuses(result) == ["succeeded"] * 4
+
+
+def test_cancel_workflow_asks_the_worker_of_a_running_step_to_stop_it() -> None:
+    from django_leasejobs import leases
+
+    result = chain(step(t.value, 1), step(t.value, 2)).enqueue()
+    [claimed] = leases.claim("w1", limit=1, lease_duration=30)
+    assert claimed.id == int(result.steps[0].id) and claimed.workflow_id == int(result.id)
+    done = cancel_workflow(result.id)
+    assert (done.cancelled, done.requested) == (1, 1)
+    running = Job.objects.get(pk=claimed.id)
+    assert (running.status, running.cancel_requested) == ("running", True)
+    # Its worker stops it and records the cancel: nothing is left to release.
+    leases.mark_cancelled(claimed.id, claimed.attempt, "w1")
+    assert statuses(result) == ["cancelled", "cancelled"]
+    assert get_workflow(result.id).status == TaskResultStatus.FAILED
