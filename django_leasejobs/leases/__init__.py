@@ -83,6 +83,7 @@ from .values import (
     ErrorInfo,
     Failure,
     NewJob,
+    ParentOutcome,
     Progress,
     ReapedJob,
     RenewResult,
@@ -90,7 +91,6 @@ from .values import (
     WriteResult,
 )
 from .workflow_ops import (
-    ParentOutcome,
     WorkflowCancel,
     cancel_workflow,
     parent_outcomes,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.utils.dateparse import parse_datetime
 
 from ..limits import FlowRules
@@ -19,6 +20,7 @@ from .fenced import lock_update_read
 from .flow import flow_claim, flow_lane_due, paused_condition
 from .rules import cancel_wins
 from .values import ClaimedJob, ClaimRound
+from .workflow_ops import parents_of_steps
 
 _PRIORITY = CLAIM_COLUMNS.index("priority")
 NO_RULES = FlowRules()
@@ -116,7 +118,26 @@ def claim_round(
         )
         rows += more
     rows.sort(key=lambda row: (-row[_PRIORITY], row[-1], row[0]))
-    return ClaimRound([claimed_job(row[:-1]) for row in rows], flow_held=held)
+    jobs = _with_parents([claimed_job(row[:-1]) for row in rows], using)
+    return ClaimRound(jobs, flow_held=held)
+
+
+def _with_parents(jobs: list[ClaimedJob], using: str) -> list[ClaimedJob]:
+    """``jobs`` with the parents of the workflow steps among them, in one query: the
+    task then reads them without touching the database (``context.parent_results``), so
+    an outage while it runs cannot fail it there. When the read fails, the steps go
+    without them (the task reads them itself): the claim stands, as always."""
+    steps = [job.id for job in jobs if job.workflow_id is not None]
+    if not steps:
+        return jobs
+    try:
+        parents = parents_of_steps(steps, using=using)
+    except DatabaseError:
+        return jobs
+    return [
+        replace(job, parents=tuple(parents.get(job.id, ()))) if job.workflow_id is not None else job
+        for job in jobs
+    ]
 
 
 def _claim_main_lane(

@@ -18,6 +18,25 @@ from .rules import (
 
 
 @dataclass(frozen=True, slots=True)
+class ParentOutcome:
+    """One parent of a step, as the step sees it when it runs."""
+
+    job_id: int
+    task_path: str
+    status: str
+    """The parent job's status (``succeeded`` unless the step runs after a failure,
+    ``on_parent_failure="run"``); ``missing`` when its row was deleted (pruned)."""
+    result: Any
+    """The parent's return value when it succeeded, else None."""
+    error: str
+    """The parent's last error (``Class: message``) when it did not succeed, else ''."""
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "succeeded"
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimedJob:
     """What a worker needs to run one claimed attempt."""
 
@@ -55,6 +74,10 @@ class ClaimedJob:
     workflow_id: int | None = None
     """The workflow the job is a step of, or None: the end of such an attempt settles its
     dependants in the same transaction (``leases.settle``)."""
+    parents: tuple[ParentOutcome, ...] | None = None
+    """A step's parents, read by the worker right after the claim (so that the task reads
+    them without a query: ``context.parent_results``); None when not read (not a step, or
+    the read failed: the task then reads them itself)."""
 
     @property
     def lease(self) -> tuple[int, int]:
@@ -87,6 +110,7 @@ class ClaimedJob:
                 self.trace_context,
                 self.metadata,
                 self.workflow_id,
+                self.parents,
             ),
         )
 

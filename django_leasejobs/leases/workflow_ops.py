@@ -13,52 +13,43 @@ from django.db import IntegrityError, connections, transaction
 from ..models import Dependency
 from .dialect import Dialect, dialect, placeholders, retry_deadlocks
 from .enqueue import NOTIFY_CHANNEL, notify
-
-
-@dataclass(frozen=True, slots=True)
-class ParentOutcome:
-    """One parent of a step, as the step sees it when it runs."""
-
-    job_id: int
-    task_path: str
-    status: str
-    """The parent job's status (``succeeded`` unless the step runs after a failure,
-    ``on_parent_failure="run"``); ``missing`` when its row was deleted (pruned)."""
-    result: Any
-    """The parent's return value when it succeeded, else None."""
-    error: str
-    """The parent's last error (``Class: message``) when it did not succeed, else ''."""
-
-    @property
-    def succeeded(self) -> bool:
-        return self.status == "succeeded"
+from .values import ParentOutcome
 
 
 def parent_outcomes(job_id: int, *, using: str = "default") -> list[ParentOutcome]:
     """The parents of the step ``job_id``, in the order the workflow gave them."""
+    return parents_of_steps([job_id], using=using).get(job_id, [])
+
+
+def parents_of_steps(
+    job_ids: Sequence[int], *, using: str = "default"
+) -> dict[int, list[ParentOutcome]]:
+    """The parents of each of the steps ``job_ids`` (one query), in the workflow's order;
+    a step without parents is left out."""
     d = dialect(using)
     edges = d.q(Dependency._meta.db_table)
+    found: dict[int, list[ParentOutcome]] = {}
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            f"SELECT e.parent_id, p.task_path, p.status, p.result, p.last_error "  # noqa: S608 - identifiers quoted, values bound
-            f"FROM {edges} AS e LEFT JOIN {d.jobs} AS p ON p.id = e.parent_id "
-            "WHERE e.child_id = %s ORDER BY e.position",
-            [job_id],
-        )
-        rows = cursor.fetchall()
-    outcomes = []
-    for parent, path, status, result, error in rows:
-        succeeded = status == "succeeded"
-        outcomes.append(
-            ParentOutcome(
-                job_id=int(parent),
-                task_path=path or "",
-                status=status or "missing",
-                result=_json(result) if succeeded else None,
-                error="" if succeeded else (error or ""),
+        for chunk in _chunks(sorted(set(job_ids))):
+            cursor.execute(
+                "SELECT e.child_id, e.parent_id, p.task_path, p.status, p.result, "  # noqa: S608 - identifiers quoted, values bound
+                f"p.last_error FROM {edges} AS e LEFT JOIN {d.jobs} AS p ON p.id = e.parent_id "
+                f"WHERE e.child_id IN ({placeholders(len(chunk))}) "
+                "ORDER BY e.child_id, e.position",
+                chunk,
             )
-        )
-    return outcomes
+            for child, parent, path, status, result, error in cursor.fetchall():
+                succeeded = status == "succeeded"
+                found.setdefault(int(child), []).append(
+                    ParentOutcome(
+                        job_id=int(parent),
+                        task_path=path or "",
+                        status=status or "missing",
+                        result=_json(result) if succeeded else None,
+                        error="" if succeeded else (error or ""),
+                    )
+                )
+    return found
 
 
 def _json(value: Any) -> Any:

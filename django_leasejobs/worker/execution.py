@@ -98,6 +98,7 @@ class JobContext(TaskContext):  # type: ignore[misc, type-arg]
     initial_checkpoint: Any = None
     initial_metadata: dict[str, Any] | None = None
     workflow_id: int | None = None
+    initial_parents: tuple[ParentOutcome, ...] | None = None
     progress_sink: ProgressSink | None = None
     lost_flag: threading.Event = field(default_factory=threading.Event)
     _state: dict[str, Any] = field(default_factory=dict)
@@ -131,10 +132,13 @@ class JobContext(TaskContext):  # type: ignore[misc, type-arg]
 
     @property
     def parents(self) -> list[ParentOutcome]:
-        """A workflow step's parents, in the order the workflow gave them (read once, on
-        first use); [] for a job that is not a step, or a step without parents."""
+        """A workflow step's parents, in the order the workflow gave them (read by the
+        worker with the claim; else once, on first use); [] for a job that is not a step,
+        or a step without parents."""
         if self.workflow_id is None:
             return []
+        if self.initial_parents is not None:
+            return list(self.initial_parents)
         if "parents" not in self._state:
             self._state["parents"] = parent_outcomes(self.job_id, using=self.database)
         parents: list[ParentOutcome] = self._state["parents"]
@@ -297,6 +301,7 @@ def _attempt(
                     initial_checkpoint=job.checkpoint,
                     initial_metadata=job.metadata,
                     workflow_id=job.workflow_id,
+                    initial_parents=job.parents,
                     progress_sink=progress_sink,
                     lost_flag=lost_flag or threading.Event(),
                 )

@@ -18,8 +18,9 @@ one attempt, at most one per attempt; an attempt that did not succeed has an att
 saying why, and only an outcome after which a plain job is run again (its lease expired,
 it was released, it was killed); no step ran again once its child had started.
 
-Known failure (strict xfail, ``StepFailedReadingParents``): step 600's first attempt
-ends as a task error, not as a plain job's would.
+Step 600 is the case of a step whose task reads its parents' results during an outage:
+the worker reads them with the claim (``leases.claim_round``), so the task does not touch
+the database for them, and no attempt is charged.
 
 Skipped unless the test database is PostgreSQL (the private server is PostgreSQL
 whatever the run's database; one run of the suite is enough) or without the
@@ -67,16 +68,6 @@ RESTARTS = (
 DOWN_FOR = 2.0  # seconds PostgreSQL stays stopped (longer than the hold before reading)
 RE_RUN_OUTCOMES = {"lease_expired", "released", "killed"}  # a plain job may run again after
 DATABASE_ERRORS = {"django.db.utils.OperationalError", "django.db.utils.InterfaceError"}
-
-
-class StepFailedReadingParents(AssertionError):
-    """An attempt of a step ended as a task error (outcome ``error``, charged to its
-    ``max_attempts``) because ``context.parent_results`` hit the database while it was
-    down: ``JobContext.parents`` (django_leasejobs/worker/execution.py) reads the parents
-    in the job's own process, inside the task's call (``leases.workflow_ops
-    .parent_outcomes``), so the worker's handling of a lost database does not apply to
-    it. A plain job, whose body need not touch the database, is not charged an attempt
-    there; a step with ``max_attempts=1`` would fail, and its chain with it."""
 
 
 def failed_reading_parents(row: tuple[Any, ...] | None) -> bool:
@@ -158,12 +149,6 @@ def succeeded(pg: Any, ids: list[int]) -> int | None:
     return None if rows is None else rows[0][0]
 
 
-@pytest.mark.xfail(
-    raises=StepFailedReadingParents,
-    strict=True,  # the crash catches step 600 before it reads its parents: every run
-    reason="context.parent_results reads the database inside the task: a database outage "
-    "then charges the step a task error (see StepFailedReadingParents)",
-)
 def test_a_postgresql_restart_mid_chain_runs_every_step_exactly_once_in_order(
     server: Any, subprocess_env: dict[str, str], run_manage: RunManage, tmp_path: Path
 ) -> None:
@@ -309,5 +294,6 @@ def test_a_postgresql_restart_mid_chain_runs_every_step_exactly_once_in_order(
         f"{[(i, jobs[i][2], [attempts[i][n][2] for n in sorted(attempts[i])]) for i in re_run]}"
     )
     print(f"\n{summary}")
-    if read_errors:
-        raise StepFailedReadingParents(f"{summary}\nattempts charged: {read_errors}")
+    assert read_errors == [], (
+        f"{summary}\nattempts charged a task error reading their parents: {read_errors}"
+    )

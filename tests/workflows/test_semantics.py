@@ -282,3 +282,24 @@ def test_cancel_workflow_asks_the_worker_of_a_running_step_to_stop_it() -> None:
     leases.mark_cancelled(claimed.id, claimed.attempt, "w1")
     assert statuses(result) == ["cancelled", "cancelled"]
     assert get_workflow(result.id).status == TaskResultStatus.FAILED
+
+
+def test_the_claim_reads_a_steps_parents_so_its_task_need_not() -> None:
+    from django_leasejobs import leases
+
+    result = chord(
+        group(step(t.value, 1), step(t.boom)), step(t.finaliser, on_parent_failure="run")
+    )
+    flow = result.enqueue()
+    run_jobs(max_jobs=2)
+    [claimed] = leases.claim("w1", limit=1, lease_duration=30)
+    assert claimed.id == int(flow.steps[-1].id)
+    assert claimed.parents is not None
+    assert [(p.job_id, p.status, p.result) for p in claimed.parents] == [
+        (int(flow.steps[0].id), "succeeded", 1),
+        (int(flow.steps[1].id), "failed", None),
+    ]
+    assert "ValueError: boom" in claimed.parents[1].error
+    plain = t.value.enqueue(3)
+    [claimed_plain] = leases.claim("w1", limit=1, lease_duration=30)
+    assert (claimed_plain.id, claimed_plain.parents) == (int(plain.id), None)
