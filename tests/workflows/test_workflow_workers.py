@@ -14,7 +14,7 @@ import signal
 from collections import Counter
 
 import pytest
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
 from django_leasejobs.compat import TaskResultStatus
 from django_leasejobs.models import Job, JobAttempt, JobStatus
@@ -237,20 +237,15 @@ def test_a_long_chain_runs_each_step_once_in_order(
 # ------------------------- 4. a worker killed while it records a parent's success
 
 
-def _blocked_on_a_row_lock() -> bool:
-    """Whether another session of this database waits for a row lock (ours)."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-            )
-        else:
-            cursor.execute(
-                "SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
-            )
-        (waiting,) = cursor.fetchone()
-    return bool(waiting)
+def _row_held_elsewhere(job_id: int) -> bool:
+    """Whether another transaction holds the row of ``job_id`` locked (a lock attempt
+    with ``NOWAIT`` fails), from inside the test's own transaction (a savepoint)."""
+    try:
+        with transaction.atomic():
+            list(Job.objects.select_for_update(nowait=True).filter(pk=job_id))
+    except DatabaseError:
+        return True
+    return False
 
 
 def test_a_worker_killed_while_it_records_a_parents_success_loses_no_release(
@@ -267,8 +262,10 @@ def test_a_worker_killed_while_it_records_a_parents_success_loses_no_release(
     with transaction.atomic():
         Job.objects.select_for_update().get(pk=child)
         first = workers.start(args=["--concurrency", "1", "--worker-id", "first"])
+        # Inside its write: the task ran, and the worker's transaction holds the parent's
+        # row (its success written, not committed) while it waits for the child's.
         wait_until(
-            _blocked_on_a_row_lock,
+            lambda: t.read_runs(marker_dir) and _row_held_elsewhere(parent),
             timeout=30,
             what="the worker's write of the parent's success to wait for the child's row",
         )
@@ -276,7 +273,9 @@ def test_a_worker_killed_while_it_records_a_parents_success_loses_no_release(
         first.kill()
         assert first.wait(timeout=10) == -signal.SIGKILL
         _kill_leftovers(workers, first)
-    wait_until(lambda: not _blocked_on_a_row_lock(), timeout=30, what="the killed session to end")
+    wait_until(
+        lambda: not _row_held_elsewhere(parent), timeout=30, what="the killed session to end"
+    )
     rows = _rows([parent, child])
     assert (rows[parent].status, rows[parent].attempt) == (JobStatus.RUNNING, 1)  # rolled back
     assert (rows[child].status, rows[child].waiting_on) == (JobStatus.WAITING, 1)
