@@ -74,4 +74,19 @@ def test_heartbeats_are_hot_updates() -> None:
     renewed = updates - before_updates
     hot_renewed = hot - before_hot
     assert renewed == beats * len(claimed)
-    assert hot_renewed == renewed, f"only {hot_renewed} of {renewed} heartbeat updates were HOT"
+    # An index on a column a renewal writes would make none of them HOT. A few may not be
+    # on a busy machine: PostgreSQL prunes a page's dead versions only when it gets the
+    # page's cleanup lock at once (the checkpointer writing the page out holds a pin), and
+    # an update that does not fit then goes to another page (seen: 175 of 200).
+    assert hot_renewed >= renewed * 3 // 4, (
+        f"only {hot_renewed} of {renewed} heartbeat updates were HOT"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT a.attname FROM pg_index i JOIN pg_attribute a "
+            "ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+            "WHERE i.indrelid = 'leasejobs_job'::regclass"
+        )
+        indexed = {name for (name,) in cursor.fetchall()}
+    renewal_writes = {"locked_until", "heartbeat_at", "progress", "progress_message"}
+    assert not indexed & renewal_writes

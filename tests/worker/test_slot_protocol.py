@@ -1196,6 +1196,14 @@ def test_started_never_names_a_job_its_child_passed_over_too_late(tmp_path: Any)
             events.extend(pool.collect())
         finally:
             pool._poller = real_poller
+
+        # The third job's start, read while it still holds its slot (once its outcome is
+        # in the pipe, the same pass reads the outcome and no separate start).
+        def third_reported_started() -> bool:
+            events.extend(pool.collect())
+            return any(isinstance(e, Started) and (3, 1) in e.leases for e in events)
+
+        wait_until(third_reported_started, what="the third job's start")
         tasks.gate_path(marker_dir, 3).touch()
 
         def ended() -> bool:
