@@ -681,10 +681,11 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
             for number, row in zip(numbers, rows, strict=True)
         }
         results.update((pk, self.result_from_job(job)) for pk, job in found.items())
+        added = set(numbers)
         return _WrittenWorkflow(
             workflow.pk,
             [results[job_of[number]] for number in range(len(graph))],
-            [number in set(numbers) for number in range(len(graph))],
+            [number in added for number in range(len(graph))],
         )
 
     def _key_holders(self, graph: Sequence[GraphStep]) -> dict[int, Job | int]:
