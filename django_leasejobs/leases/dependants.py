@@ -134,13 +134,25 @@ def _settle_level(
     in_parents, parent_params = d.in_ids(parents)
     lock = " FOR UPDATE" if d.row_locks else ""
     among, among_params = ("", []) if only is None else d.in_ids(sorted(only))
-    cursor.execute(
-        f"SELECT c.id, c.on_parent_failure FROM {d.jobs} AS c "  # noqa: S608 - identifiers quoted, values bound
-        f"WHERE c.status = 'waiting' AND c.id IN "
-        f"(SELECT e.child_id FROM {edges} AS e WHERE e.parent_id {in_parents}) "
-        f"{'AND c.id ' + among + ' ' if among else ''}ORDER BY c.id{lock}",
-        [*parent_params, *among_params],
-    )
+
+    def waiting_children(columns: str) -> str:
+        return (
+            f"SELECT c.id{columns} FROM {d.jobs} AS c "  # noqa: S608 - identifiers quoted, values bound
+            f"WHERE c.status = 'waiting' AND c.id IN "
+            f"(SELECT e.child_id FROM {edges} AS e WHERE e.parent_id {in_parents}) "
+            f"{'AND c.id ' + among + ' ' if among else ''}ORDER BY c.id{lock}"
+        )
+
+    if d.vendor == "postgresql" and d.batched and all(step.succeeded for step in level):
+        # Every parent succeeded: lock, count down and read back in one statement (the
+        # children's row locks are then held for the least time, until the commit).
+        return _count_down_at_once(
+            d,
+            cursor,
+            (waiting_children(""), [*parent_params, *among_params]),
+            (in_parents, parent_params),
+        ), []
+    cursor.execute(waiting_children(", c.on_parent_failure"), [*parent_params, *among_params])
     children = {int(child): mode for child, mode in cursor.fetchall()}
     if not children:
         return [], []
@@ -197,6 +209,42 @@ def _end_unrun(
     return ended
 
 
+def _counted_down(edges: str, in_parents: str) -> str:
+    """The SET list of a count-down: ``waiting_on`` minus the child's parents among
+    ``in_parents``, ``pending`` at zero (``status`` first: MySQL assigns in order, and the
+    status reads the old ``waiting_on``). Its parameters: the parents' twice."""
+    finished = (
+        f"(SELECT COUNT(*) FROM {edges} AS e WHERE e.child_id = j.id "  # noqa: S608 - identifiers quoted, values bound
+        f"AND e.parent_id {in_parents})"
+    )
+    return (
+        f"status = CASE WHEN j.waiting_on - {finished} <= 0 THEN 'pending' ELSE 'waiting' END, "
+        f"waiting_on = j.waiting_on - {finished}"
+    )
+
+
+def _count_down_at_once(
+    d: Dialect,
+    cursor: Any,
+    children: tuple[str, list[Any]],
+    parents: tuple[str, list[Any]],
+) -> list[tuple[int, str]]:
+    """PostgreSQL's count-down: ``children`` (the SELECT of the waiting children,
+    locked in id order) in a materialised CTE, the ``UPDATE`` of :func:`_count_down`,
+    ``RETURNING`` the released ones. One statement."""
+    children_sql, children_params = children
+    in_parents, parent_params = parents
+    cursor.execute(
+        f"WITH kids AS MATERIALIZED ({children_sql}) "  # noqa: S608 - identifiers quoted, values bound
+        f"UPDATE {d.jobs} AS j SET {_counted_down(_edges(d), in_parents)} "
+        "WHERE j.id IN (SELECT id FROM kids) AND j.status = 'waiting' "
+        "RETURNING j.id, j.queue, j.status",
+        [*children_params, *parent_params, *parent_params],
+    )
+    rows = sorted(cursor.fetchall())
+    return [(int(job_id), str(queue)) for job_id, queue, status in rows if status == "pending"]
+
+
 def _count_down(
     d: Dialect,
     cursor: Any,
@@ -208,16 +256,9 @@ def _count_down(
     clause and its parameters); a child at zero becomes ``pending``. Returns the
     children released (id, queue)."""
     in_parents, parent_params = parents
-    finished = (
-        f"(SELECT COUNT(*) FROM {edges} AS e WHERE e.child_id = j.id "  # noqa: S608 - identifiers quoted, values bound
-        f"AND e.parent_id {in_parents})"
-    )
     in_children, child_params = d.in_ids(children)
-    # status first: MySQL assigns in order, and the status reads the old waiting_on.
     cursor.execute(
-        f"UPDATE {d.jobs} AS j SET "  # noqa: S608 - identifiers quoted, values bound
-        f"status = CASE WHEN j.waiting_on - {finished} <= 0 THEN 'pending' ELSE 'waiting' END, "
-        f"waiting_on = j.waiting_on - {finished} "
+        f"UPDATE {d.jobs} AS j SET {_counted_down(edges, in_parents)} "  # noqa: S608 - identifiers quoted, values bound
         f"WHERE j.id {in_children} AND j.status = 'waiting'",
         [*parent_params, *parent_params, *child_params],
     )
