@@ -6,13 +6,11 @@ No timing is asserted here: speed targets live in bench/, never in tests.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 from django.db import connection
 
-from tests.conftest import REPO_ROOT
+from tests.bench.scripts import run_bench
 
 pytestmark = [
     pytest.mark.slow,
@@ -36,20 +34,14 @@ def test_admin_big_values_bench_runs_at_smoke_size(subprocess_env: dict[str, str
     # DATABASE_URL names the test database: the bench only uses its server, to create
     # (and drop) a database of its own.
     db_name = f"leasejobs_bigvalues_smoke_{os.getpid()}"
-    result = subprocess.run(
+    result = run_bench(
+        "admin_big_values",
         [
-            sys.executable,
-            str(REPO_ROOT / "bench" / "admin_big_values.py"),
             *("--smoke", "--db-name", db_name),
         ],
-        cwd=REPO_ROOT,
-        env=subprocess_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        subprocess_env,
     )
     output = result.stdout + result.stderr
-    assert result.returncode == 0, output
     lines = result.stdout.splitlines()
     header = next(line for line in lines if line.startswith("page"))
     for column in ("first", "median", "p95", "max", "size", "db read"):

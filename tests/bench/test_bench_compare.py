@@ -9,30 +9,15 @@ is asserted here: speed targets live in bench/, never in tests.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.bench.scripts import load_bench
 
-
-def _load_compare() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "bench_compare", REPO_ROOT / "bench" / "compare.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while decorating
-    spec.loader.exec_module(module)
-    return module
-
-
-compare = _load_compare()
+compare = load_bench("compare")
 
 
 # -- statistics --------------------------------------------------------------------------

@@ -8,26 +8,13 @@ numbers. No server, no timing.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.bench.scripts import load_bench
 
-
-def _load_flow() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_flow", REPO_ROOT / "bench" / "flow.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-flow = _load_flow()
+flow = load_bench("flow")
 
 
 def _figures(

@@ -7,28 +7,14 @@ standard library alone) and feeds its pure functions made-up runs. No server, no
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.bench.scripts import load_bench
 from tests.conftest import REPO_ROOT
 
-
-def _load_overload() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "bench_overload", REPO_ROOT / "bench" / "overload.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-overload = _load_overload()
+overload = load_bench("overload")
 
 LOAD_RAN = {"hogs": 2, "hog_cpu": 30.0, "clients": 4, "transactions": 5000, "ended_early": 0}
 

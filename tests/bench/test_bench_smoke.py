@@ -6,13 +6,11 @@ No timing is asserted here: speed targets live in bench/, never in tests.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 from django.db import connection
 
-from tests.conftest import REPO_ROOT
+from tests.bench.scripts import run_bench
 
 pytestmark = [
     pytest.mark.slow,
@@ -39,21 +37,15 @@ def test_dashboard_bench_runs_at_smoke_size(subprocess_env: dict[str, str]) -> N
     # DATABASE_URL names the test database: the bench only uses it as the admin
     # connection that creates (and, with --drop-after, drops) its own database.
     db_name = f"leasejobs_bench_smoke_{os.getpid()}"
-    result = subprocess.run(
+    result = run_bench(
+        "dashboard",
         [
-            sys.executable,
-            str(REPO_ROOT / "bench" / "dashboard.py"),
             *("--finished", "20000", "--ready", "500", "--repeat", "3", "--warmup", "1"),
             *("--db-name", db_name, "--drop-after"),
         ],
-        cwd=REPO_ROOT,
-        env=subprocess_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        subprocess_env,
     )
     output = result.stdout + result.stderr
-    assert result.returncode == 0, output
     assert f"filling {db_name}" in result.stdout, output
     header = next(line for line in result.stdout.splitlines() if line.startswith("scenario"))
     for column in ("median", "p95", "max", "queries"):

@@ -7,26 +7,13 @@ library alone, and starts no server, no process and times nothing.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.bench.scripts import load_bench
 
-
-def _load_soak() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_soak", REPO_ROOT / "bench" / "soak.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while decorating
-    spec.loader.exec_module(module)
-    return module
-
-
-soak = _load_soak()
+soak = load_bench("soak")
 
 DURATION = 1800.0
 STEP = 30.0

@@ -9,29 +9,14 @@ server, no timing.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.bench.scripts import load_bench
 
-
-def _load_workers() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "bench_workers", REPO_ROOT / "bench" / "workers.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-workers = _load_workers()
+workers = load_bench("workers")
 
 
 def _point(

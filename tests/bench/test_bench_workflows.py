@@ -6,30 +6,14 @@ No timing is asserted here: speed targets live in bench/, never in tests.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
-import sys
-from types import ModuleType
 
 import pytest
 from django.db import connection
 
-from tests.conftest import REPO_ROOT
+from tests.bench.scripts import load_bench, run_bench
 
-
-def _load_workflows() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "bench_workflows", REPO_ROOT / "bench" / "workflows.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-workflows = _load_workflows()
+workflows = load_bench("workflows")
 
 
 @pytest.mark.slow
@@ -43,21 +27,15 @@ def test_workflows_bench_runs_at_a_tiny_size(subprocess_env: dict[str, str]) -> 
     # DATABASE_URL names the test database: the bench only uses its server, to create
     # (and drop) a database of its own.
     db_name = f"wf_bench_smoke_{os.getpid()}"
-    result = subprocess.run(
+    result = run_bench(
+        "workflows",
         [
-            sys.executable,
-            str(REPO_ROOT / "bench" / "workflows.py"),
             *("--members", "50", "--repeats", "1", "--enqueue-repeats", "1"),
             *("--db-name", db_name, "--output", os.devnull),
         ],
-        cwd=REPO_ROOT,
-        env=subprocess_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        subprocess_env,
     )
     output = result.stdout + result.stderr
-    assert result.returncode == 0, output
     lines = result.stdout.splitlines()
     for shape, steps in (("chord", 51), ("chain", 50), ("plain", 50)):
         row = next((line for line in lines if line.startswith(f"| {shape} | {steps} |")), None)
