@@ -31,7 +31,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from ..models import Dependency
-from .dialect import Dialect, dialect
+from .dialect import Dialect, dialect, id_chunks
 from .enqueue import NOTIFY_CHANNEL, notify
 
 PARENT_FAILED_CLASS = "django_leasejobs.exceptions.ParentFailed"
@@ -161,7 +161,7 @@ def _settle_level(
     doomed: dict[int, int] = {}  # child -> the first failed parent among its parents
     if bad_parents and strict:
         in_bad, bad_params = d.in_ids(bad_parents)
-        for chunk in _chunks(strict):
+        for chunk in id_chunks(strict):
             in_chunk, chunk_params = d.in_ids(chunk)
             cursor.execute(
                 f"SELECT e.child_id, MIN(e.parent_id) FROM {edges} AS e "  # noqa: S608 - identifiers quoted, values bound
@@ -172,7 +172,7 @@ def _settle_level(
     ended_now = _end_unrun(d, cursor, {step.id: step for step in level}, doomed)
     counted = sorted(set(children) - set(doomed))
     released: list[tuple[int, str]] = []
-    for chunk in _chunks(counted):
+    for chunk in id_chunks(counted):
         released.extend(_count_down(d, cursor, edges, (in_parents, parent_params), chunk))
     return released, ended_now
 
@@ -191,7 +191,7 @@ def _end_unrun(
         error = f"{PARENT_FAILED_CLASS}: " + parent_failed_message(
             parent, step.task_path, step.status
         )
-        for chunk in _chunks(sorted(kids)):
+        for chunk in id_chunks(sorted(kids)):
             in_chunk, chunk_params = d.in_ids(chunk)
             cursor.execute(
                 f"UPDATE {d.jobs} AS j SET status = 'failed', finished_at = {d.now}, "  # noqa: S608 - identifiers quoted, values bound
@@ -270,14 +270,6 @@ def _count_down(
     return [(int(job_id), str(queue)) for job_id, queue in cursor.fetchall()]
 
 
-CHUNK = 5000
-"""Ids per ``IN`` list (SQLite binds at most 32,766 parameters per statement)."""
-
-
-def _chunks(ids: list[int]) -> list[list[int]]:
-    return [ids[i : i + CHUNK] for i in range(0, len(ids), CHUNK)]
-
-
 def _edges(d: Dialect) -> str:
     return d.q(Dependency._meta.db_table)
 
@@ -326,7 +318,7 @@ def repair_waiting(d: Dialect, *, backend: str | None = None) -> Settled:
                 doomed.setdefault(int(child), int(parent))
         ended = _end_unrun(d, cursor, parents, doomed)
         released: list[tuple[int, str]] = []
-        for chunk in _chunks(sorted(set(stuck) - set(doomed))):
+        for chunk in id_chunks(sorted(set(stuck) - set(doomed))):
             in_chunk, chunk_params = d.in_ids(chunk)
             cursor.execute(
                 f"UPDATE {d.jobs} AS j SET status = 'pending', waiting_on = 0 "  # noqa: S608 - identifiers quoted, values bound

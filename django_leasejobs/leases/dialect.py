@@ -176,6 +176,16 @@ def hot_cursor(using: str) -> Any:
     return connection.cursor()
 
 
+ID_CHUNK = 5000
+"""Ids per ``IN`` list where a statement may get many (SQLite binds at most 32,766
+parameters per statement)."""
+
+
+def id_chunks(ids: Sequence[int]) -> list[list[int]]:
+    """``ids`` cut into lists of at most :data:`ID_CHUNK`."""
+    return [list(ids[i : i + ID_CHUNK]) for i in range(0, len(ids), ID_CHUNK)]
+
+
 def placeholders(count: int) -> str:
     return ", ".join(["%s"] * count)
 

@@ -11,7 +11,7 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 
 from ..models import Dependency
-from .dialect import Dialect, dialect, placeholders, retry_deadlocks
+from .dialect import Dialect, dialect, id_chunks, placeholders, retry_deadlocks
 from .enqueue import NOTIFY_CHANNEL, notify
 from .values import ParentOutcome
 
@@ -30,7 +30,7 @@ def parents_of_steps(
     edges = d.q(Dependency._meta.db_table)
     found: dict[int, list[ParentOutcome]] = {}
     with connections[using].cursor() as cursor:
-        for chunk in _chunks(sorted(set(job_ids))):
+        for chunk in id_chunks(sorted(set(job_ids))):
             cursor.execute(
                 "SELECT e.child_id, e.parent_id, p.task_path, p.status, p.result, "  # noqa: S608 - identifiers quoted, values bound
                 f"p.last_error FROM {edges} AS e LEFT JOIN {d.jobs} AS p ON p.id = e.parent_id "
@@ -124,7 +124,7 @@ def _retry_failed_steps(d: Dialect, workflow_id: int) -> int:
         if not steps:
             return 0
         waiting: dict[int, int] = {}
-        for chunk in _chunks(steps):
+        for chunk in id_chunks(steps):
             cursor.execute(
                 f"SELECT e.child_id, COUNT(*) FROM {edges} AS e "  # noqa: S608 - identifiers quoted, values bound
                 f"JOIN {d.jobs} AS p ON p.id = e.parent_id "
@@ -137,7 +137,7 @@ def _retry_failed_steps(d: Dialect, workflow_id: int) -> int:
         for job_id in steps:
             by_count.setdefault(waiting.get(job_id, 0), []).append(job_id)
         for count, ids in sorted(by_count.items()):
-            for chunk in _chunks(ids):
+            for chunk in id_chunks(ids):
                 cursor.execute(
                     f"UPDATE {d.jobs} AS j SET status = %s, waiting_on = %s, "  # noqa: S608 - identifiers quoted, values bound
                     f"run_after = {d.now}, finished_at = NULL, stall_count = 0, snoozes = 0, "
@@ -154,7 +154,3 @@ def _retry_failed_steps(d: Dialect, workflow_id: int) -> int:
         )
         notify(NOTIFY_CHANNEL, [queue for (queue,) in cursor.fetchall()], using=d.using)
     return len(steps)
-
-
-def _chunks(ids: Sequence[int], size: int = 5000) -> list[list[int]]:
-    return [list(ids[i : i + size]) for i in range(0, len(ids), size)]
