@@ -176,8 +176,12 @@ def connect_admin(config: dict[str, Any]) -> psycopg.Connection[Any]:
 
 
 def with_database(url: str, name: str) -> str:
+    """``url`` naming the database ``name``: its path's last part replaced, so that a Unix
+    socket directory written in the path (``postgres://user@//tmp/sock/db``, as the test
+    suite's embedded server gives) stays."""
     parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{name}"))
+    directory = parts.path.rpartition("/")[0]
+    return urlunsplit(parts._replace(path=f"{directory}/{name}"))
 
 
 def database_comment(admin: psycopg.Connection[Any], name: str) -> str | None:

@@ -14,7 +14,7 @@ import signal
 from collections import Counter
 
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, transaction
 
 from django_leasejobs.compat import TaskResultStatus
 from django_leasejobs.models import Job, JobAttempt, JobStatus
@@ -238,14 +238,27 @@ def test_a_long_chain_runs_each_step_once_in_order(
 
 
 def _row_held_elsewhere(job_id: int) -> bool:
-    """Whether another transaction holds the row of ``job_id`` locked (a lock attempt
-    with ``NOWAIT`` fails), from inside the test's own transaction (a savepoint)."""
+    """Whether another transaction holds the row of ``job_id`` locked: a lock attempt
+    with ``NOWAIT`` fails. Asked on a connection of its own, in a transaction rolled back
+    at once, so that the probe never keeps the lock (the test's own transaction would;
+    InnoDB keeps row locks even past a rolled-back savepoint)."""
+    probe = connections.create_connection(DEFAULT_DB_ALIAS)
     try:
-        with transaction.atomic():
-            list(Job.objects.select_for_update(nowait=True).filter(pk=job_id))
-    except DatabaseError:
-        return True
-    return False
+        probe.set_autocommit(False)
+        with probe.cursor() as cursor:
+            try:
+                cursor.execute(
+                    f"SELECT id FROM {Job._meta.db_table} WHERE id = %s FOR UPDATE NOWAIT",
+                    [job_id],
+                )
+            except DatabaseError:
+                held = True
+            else:
+                held = False
+        probe.rollback()
+    finally:
+        probe.close()
+    return held
 
 
 def test_a_worker_killed_while_it_records_a_parents_success_loses_no_release(
