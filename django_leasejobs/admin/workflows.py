@@ -393,34 +393,28 @@ class Relative:
 
 def parents_of(job: Job) -> list[Relative]:
     """The parents of the step ``job`` in their order, with their status (one query)."""
-    using = job._state.db or "default"
-    parent = Job.objects.using(using).filter(pk=OuterRef("parent_id"))
-    rows = (
-        Dependency.objects.using(using)
-        .filter(child_id=job.pk)
-        .order_by("position")
-        .annotate(
-            parent_status=Subquery(parent.values("status")[:1]),
-            parent_task=Subquery(parent.values("task_path")[:1]),
-        )
-        .values_list("parent_id", "parent_status", "parent_task")
-    )
-    return [Relative(*row) for row in rows]
+    return _relatives(job, "child_id", "parent_id", "position")
 
 
 def children_of(job: Job) -> list[Relative]:
     """The steps that wait for ``job``, by id, with their status (one query)."""
+    return _relatives(job, "parent_id", "child_id", "child_id")
+
+
+def _relatives(job: Job, this: str, other: str, order: str) -> list[Relative]:
+    """The jobs at the ``other`` end of ``job``'s edges (``this`` end), with their status
+    and task, in ``order``."""
     using = job._state.db or "default"
-    child = Job.objects.using(using).filter(pk=OuterRef("child_id"))
+    related = Job.objects.using(using).filter(pk=OuterRef(other))
     rows = (
         Dependency.objects.using(using)
-        .filter(parent_id=job.pk)
-        .order_by("child_id")
+        .filter(**{this: job.pk})
+        .order_by(order)
         .annotate(
-            child_status=Subquery(child.values("status")[:1]),
-            child_task=Subquery(child.values("task_path")[:1]),
+            related_status=Subquery(related.values("status")[:1]),
+            related_task=Subquery(related.values("task_path")[:1]),
         )
-        .values_list("child_id", "child_status", "child_task")
+        .values_list(other, "related_status", "related_task")
     )
     return [Relative(*row) for row in rows]
 
