@@ -121,10 +121,17 @@ def test_scraped_worker_metrics_match_the_database(workers: Workers, pool: str) 
     # (start() waited for worker_started: runworker serves the metrics before the worker
     # starts)
     count = enqueue_mix(pool)
+
+    def unfinished() -> str:
+        jobs = Job.objects.exclude(status__in=FINISHED_STATUSES)
+        rows = jobs.values_list("task_path", "status", "attempt", "locked_by")
+        alive = "running" if worker.popen.poll() is None else f"exited {worker.popen.returncode}"
+        return f"every job finished; unfinished: {list(rows)}; worker {alive}:\n{worker.output}"
+
     wait_until(
         lambda: Job.objects.filter(status__in=FINISHED_STATUSES).count() == count,
         60,
-        what="every job finished",
+        what=unfinished,
     )
     expected = database_counts()
 
