@@ -78,6 +78,16 @@ class Options:
     retry_backoff: Backoff = field(default_factory=Backoff)
     lock_lost_behavior: LockLostBehavior = "sigkill"
     lock_lost_grace: float = 10.0
+    """Seconds a stopped job gets to end before its process group is SIGKILLed: after
+    SIGTERM (``LOCK_LOST_BEHAVIOR = "sigterm"``), or after the ``CancelledError`` an
+    ``async def`` job on a slot's event loop is sent."""
+    async_concurrency: int = 100
+    """``async def`` jobs one process-pool slot runs at once on its event loop
+    (``runworker --async-concurrency``)."""
+    async_blocking_limit: float = 10.0
+    """Seconds one step of an ``async def`` job may hold its slot's event loop (a
+    ``time.sleep``, a CPU loop) before the worker kills the slot: that job's attempt
+    counts, the other jobs of its loop run again without one counted."""
     poll_interval: float = 1.0
     idle_poll_interval: float = 30.0
     """How often an idle worker whose listener is listening looks for work anyway (the
@@ -112,6 +122,8 @@ _NUMBERS: dict[str, tuple[str, type, float, bool]] = {
     "MAX_ATTEMPTS": ("max_attempts", int, 1, False),
     "MAX_STALLS": ("max_stalls", int, 1, False),
     "LOCK_LOST_GRACE": ("lock_lost_grace", float, 0, False),
+    "ASYNC_CONCURRENCY": ("async_concurrency", int, 1, False),
+    "ASYNC_BLOCKING_LIMIT": ("async_blocking_limit", float, 0, True),
     "POLL_INTERVAL": ("poll_interval", float, 0, True),
     "IDLE_POLL_INTERVAL": ("idle_poll_interval", float, 0, True),
     "UNKNOWN_TASK_GRACE": ("unknown_task_grace", float, 0, False),

@@ -42,6 +42,7 @@ class AttemptOutcome(models.TextChoices):
     KILLED = "killed", _("Killed")
     CANCELLED = "cancelled", _("Cancelled")
     RELEASED = "released", _("Released at shutdown")
+    COLLATERAL = "collateral", _("Released: killed for another job")
     SNOOZED = "snoozed", _("Snoozed")
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -88,41 +89,76 @@ def traced(job: ClaimedJob, backend: str, run: Callable[[], EndedT]) -> EndedT:
 
     Tracing never decides a job's fate: a tracer or span processor that raises (a broken
     SDK setup) costs the span, never the attempt."""
-    api = _api()
-    if api is None:
-        return run()
-    trace, propagate = api
-    try:
-        span_cm = trace.get_tracer(TRACER_NAME).start_as_current_span(
-            f"leasejobs.job {job.task_path}",
-            context=_parent(job.trace_context, propagate),
-            kind=trace.SpanKind.CONSUMER,
-            attributes={
-                "leasejobs.job_id": job.id,
-                "leasejobs.attempt": job.attempt,
-                "leasejobs.task": job.task_path,
-                "leasejobs.queue": job.queue,
-                "leasejobs.backend": backend,
-            },
-            record_exception=False,
-            set_status_on_exception=False,
-        )
-        span = span_cm.__enter__()
-    except Exception:
+    span = _JobSpan.start(job, backend)
+    if span is None:
         return run()
     outcome: EndedT | None = None
     try:
         outcome = run()
         return outcome
     finally:
+        span.end(outcome)
+
+
+async def atraced(job: ClaimedJob, backend: str, run: Callable[[], Awaitable[EndedT]]) -> EndedT:
+    """:func:`traced` for an attempt that runs on an event loop (the span is current in
+    the job's own asyncio task, as its context is that task's)."""
+    span = _JobSpan.start(job, backend)
+    if span is None:
+        return await run()
+    outcome: EndedT | None = None
+    try:
+        outcome = await run()
+        return outcome
+    finally:
+        span.end(outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class _JobSpan:
+    """One attempt's span, entered: ended with the attempt's outcome."""
+
+    manager: Any
+    span: Any
+    trace: Any
+
+    @classmethod
+    def start(cls, job: ClaimedJob, backend: str) -> _JobSpan | None:
+        """The attempt's span, current from now; None without the extra or when the SDK
+        refuses it."""
+        api = _api()
+        if api is None:
+            return None
+        trace, propagate = api
+        try:
+            manager = trace.get_tracer(TRACER_NAME).start_as_current_span(
+                f"leasejobs.job {job.task_path}",
+                context=_parent(job.trace_context, propagate),
+                kind=trace.SpanKind.CONSUMER,
+                attributes={
+                    "leasejobs.job_id": job.id,
+                    "leasejobs.attempt": job.attempt,
+                    "leasejobs.task": job.task_path,
+                    "leasejobs.queue": job.queue,
+                    "leasejobs.backend": backend,
+                },
+                record_exception=False,
+                set_status_on_exception=False,
+            )
+            span = manager.__enter__()
+        except Exception:
+            return None
+        return cls(manager, span, trace)
+
+    def end(self, outcome: Ended | None) -> None:
         with contextlib.suppress(Exception):
             if outcome is not None:
                 label = outcome_label(outcome)
-                span.set_attribute("leasejobs.outcome", label)
+                self.span.set_attribute("leasejobs.outcome", label)
                 if outcome.error is not None and label == "failed":
-                    _record(span, outcome.error, trace)
+                    _record(self.span, outcome.error, self.trace)
         with contextlib.suppress(Exception):
-            span_cm.__exit__(None, None, None)
+            self.manager.__exit__(None, None, None)
 
 
 def _record(span: Any, error: ErrorInfo, trace: ModuleType) -> None:

@@ -60,6 +60,7 @@ from .finish import (
     fail_many,
     mark_cancelled,
     release,
+    release_collateral,
 )
 from .flow import seconds_to_next_due
 from .keys import debounce, key_holder, runnable_after
@@ -151,6 +152,7 @@ __all__ = [
     "portable_path",
     "reap",
     "release",
+    "release_collateral",
     "renew",
     "repair_waiting",
     "retry",

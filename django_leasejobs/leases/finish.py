@@ -18,6 +18,7 @@ from .fenced import Rows, SetList, update_one, write
 from .rules import (
     CANCELLED_ERROR_CLASS,
     CANCELLED_ERROR_MESSAGE,
+    COLLATERAL_ERROR_CLASS,
     RELEASED_ERROR_CLASS,
     Value,
     ending_is_final,
@@ -25,6 +26,7 @@ from .rules import (
     released_error_message,
     retrying,
     snoozing,
+    storable_text,
 )
 from .values import Completion, ErrorInfo, Failure, WriteResult
 
@@ -182,6 +184,20 @@ def release(job_id: int, attempt: int, worker_id: str, *, using: str = "default"
     _raise_unless_written(done, failure.lease, worker_id, "release")
 
 
+def release_collateral(
+    job_id: int, attempt: int, worker_id: str, why: str, *, using: str = "default"
+) -> None:
+    """Put a running job back to ``pending`` at once, its attempt given back and no stall
+    counted: it died with its slot's event loop, killed for another job's fault (``why``
+    names that job and what it did). The attempt row (outcome ``collateral``) says so. A
+    job whose cancel was requested ends ``cancelled`` instead.
+    """
+    error = ErrorInfo(COLLATERAL_ERROR_CLASS, storable_text(why, 2000))
+    failure = Failure(job_id, attempt, error, None, AttemptOutcome.COLLATERAL, give_back=True)
+    done = _end_attempts(worker_id, [(failure, JobStatus.PENDING)], using)
+    _raise_unless_written(done, failure.lease, worker_id, "release")
+
+
 def mark_cancelled(job_id: int, attempt: int, worker_id: str, *, using: str = "default") -> None:
     """Record that the worker stopped a running attempt because a cancel was requested."""
     error = ErrorInfo(CANCELLED_ERROR_CLASS, CANCELLED_ERROR_MESSAGE)
@@ -218,6 +234,7 @@ def _end_attempts(
             "snooze": int(failure.snooze),
             "otherwise": str(otherwise),
             "last_error": failure.error.last_error,
+            "give_back": int(failure.give_back),
         }
         for failure, otherwise in endings
     }
@@ -231,7 +248,7 @@ def _end_attempts(
             f"THEN {d.now_plus_value(value('delay'))} ELSE j.run_after END, "
             f"finished_at = CASE WHEN {ending_is_final(value)} THEN {d.now} ELSE NULL END, "
             f"locked_by = NULL, locked_until = NULL, last_error = {value('last_error')}, "
-            f"max_attempts = j.max_attempts + {snoozing(value)}, "
+            f"max_attempts = j.max_attempts + {snoozing(value)} + {value('give_back')}, "
             f"snoozes = j.snoozes + {snoozing(value)}, "
             "cancel_requested = FALSE"
         )
@@ -241,6 +258,7 @@ def _end_attempts(
         "snooze": "int",
         "otherwise": "text",
         "last_error": "text",
+        "give_back": "int",
     }
 
     def end() -> tuple[Rows, frozenset[tuple[int, int]]]:

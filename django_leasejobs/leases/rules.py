@@ -105,6 +105,7 @@ REAP_ERROR_MESSAGE = (
     "lease expired: the worker stopped renewing it (it died, froze or lost the database)"
 )
 RELEASED_ERROR_CLASS = "django_leasejobs.exceptions.JobReleased"
+COLLATERAL_ERROR_CLASS = "django_leasejobs.exceptions.KilledWithNeighbour"
 TIMEOUT_ERROR_CLASS = "django_leasejobs.exceptions.TaskTimeout"
 """The error of an attempt that ran past its timeout (the worker's watchdog, the testing kit)."""
 CANCELLED_ERROR_CLASS = "django_leasejobs.exceptions.JobCancelled"

@@ -281,6 +281,9 @@ class Failure:
     snooze: bool = False
     decision: str = ""
     """Why the job was retried, snoozed or not, for the attempt row (``rules.decide``)."""
+    give_back: bool = False
+    """The attempt is not counted (``max_attempts`` + 1): it ended for another job's
+    fault (``finish.release_collateral``)."""
 
     @property
     def lease(self) -> tuple[int, int]:

@@ -25,21 +25,25 @@ worker and never overlaps a re-run of itself.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Literal
 
+from asgiref.sync import sync_to_async
 from django.db import close_old_connections, connections
 
+from ..serialization import depth_limits
 from ..tracing import flush_spans
-from .execution import JobSpec, execute
+from .execution import JobSpec, execute, execute_async
 
 # Messages: child -> parent
 MSG_READY = "ready"
@@ -54,9 +58,20 @@ RING_BEFORE_BYTES = 16 * 1024
 """A message this large rings the bell once its length is written, before the rest: the
 pipe may fill up, and the parent must come and read it."""
 
-STARTED, LIMIT, START_NS, SEEN = 0, 1, 2, 3
+STARTED, LIMIT, START_NS, SEEN, LOOP_NS, BLAMED_JOB, BLAMED_ATTEMPT = range(7)
 """Indexes into :attr:`SlotState.values`."""
-SLOT_VALUES = 4
+SLOT_VALUES = 7
+
+MSG_CANCEL = "cancel"
+"""Parent -> child: ``(MSG_CANCEL, lease)``, deliver ``CancelledError`` to that job's
+coroutine. (Every other parent -> child message is a batch of jobs, or None: leave.)"""
+
+LOOP_TICK = 0.05
+"""How often a slot's event loop marks that it runs (``values[LOOP_NS]``), and its
+monitor looks: a loop whose mark is older than ``BLAME_AFTER`` is blocked, and the
+monitor names the job whose step blocks it (``values[BLAMED_JOB]``, ``BLAMED_ATTEMPT``)
+for the parent, which kills the slot once the block passes ``ASYNC_BLOCKING_LIMIT``."""
+BLAME_AFTER = 4 * LOOP_TICK
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +79,15 @@ class SlotState:
     """What the parent and a child share about the child's jobs (made before the fork).
 
     ``values[STARTED]``: the sequence number of the job the child started last (0:
-    none yet); ``values[START_NS]``: when (``time.monotonic_ns()``, one clock for every
-    process of the machine); ``values[SEEN]``: the last sequence number the child decided
+    none yet; the jobs of an event loop start as they come, in order, and run at once);
+    ``values[START_NS]``: when (``time.monotonic_ns()``, one clock for every process of
+    the machine); ``values[SEEN]``: the last sequence number the child decided
     on (started, or passed over); ``values[LIMIT]``: the highest sequence number the
     child may start (the parent lowers it to take queued jobs back, and raises it again
     for new jobs only once the child has passed every job taken back: a job taken back
-    never starts). Both sides write them only while holding ``lock``.
+    never starts). Both sides write them only while holding ``lock``. The event loop's
+    mark (``values[LOOP_NS]``) and the job it blames (``values[BLAMED_JOB]``,
+    ``values[BLAMED_ATTEMPT]``; 0: none) are written by the child alone, without it.
     """
 
     lock: Any  # multiprocessing.synchronize.Lock (fork context)
@@ -117,6 +135,82 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view) :]
 
 
+class SlotLoop:
+    """The event loop of a slot's child, in a thread of its own (started with the first
+    ``async def`` job): runs the jobs it is given at once, each in an asyncio task named
+    after its lease, sends each outcome as it ends, and delivers ``CancelledError`` to a
+    job the parent stops. A monitor thread names the job whose step blocks the loop."""
+
+    def __init__(self, state: SlotState, send: Callable[[Any], None]) -> None:
+        self.state = state
+        self.send = send
+        self.loop = asyncio.new_event_loop()
+        self.tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
+        threading.Thread(target=self._run, name="leasejobs-loop", daemon=True).start()
+        threading.Thread(target=self._monitor, name="leasejobs-loop-monitor", daemon=True).start()
+
+    def start(self, spec: JobSpec) -> None:
+        self.loop.call_soon_threadsafe(self._start, spec)
+
+    def cancel(self, lease: tuple[int, int]) -> None:
+        self.loop.call_soon_threadsafe(self._cancel, lease)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._tick)
+        self.loop.run_forever()
+
+    def _tick(self) -> None:
+        values = self.state.values
+        values[LOOP_NS] = time.monotonic_ns()
+        values[BLAMED_JOB] = values[BLAMED_ATTEMPT] = 0
+        self.loop.call_later(LOOP_TICK, self._tick)
+
+    def _monitor(self) -> None:
+        values = self.state.values
+        while True:
+            time.sleep(LOOP_TICK)
+            if time.monotonic_ns() - values[LOOP_NS] < BLAME_AFTER * 1e9 or values[BLAMED_JOB]:
+                continue
+            # Read from this thread: the task whose step runs now (it cannot change while
+            # the loop is blocked in it).
+            current = asyncio.current_task(self.loop)
+            lease = _lease_of(current.get_name()) if current is not None else None
+            if lease is not None:
+                values[BLAMED_ATTEMPT] = lease[1]
+                values[BLAMED_JOB] = lease[0]
+
+    def _start(self, spec: JobSpec) -> None:
+        lease = spec.job.lease
+        name = f"{TASK_NAME_PREFIX}{lease[0]}:{lease[1]}"
+        self.tasks[lease] = self.loop.create_task(self._job(spec), name=name)
+
+    def _cancel(self, lease: tuple[int, int]) -> None:
+        task = self.tasks.get(lease)
+        if task is not None:
+            task.cancel()
+
+    async def _job(self, spec: JobSpec) -> None:
+        def progress(lease: tuple[int, int], fraction: float | None, text: str | None) -> None:
+            self.send((MSG_PROGRESS, lease, fraction, text))
+
+        with contextlib.suppress(Exception):  # (a broken connection: the job reports it)
+            await sync_to_async(close_old_connections)()
+        outcome = await execute_async(spec, progress_sink=progress)
+        self.tasks.pop(spec.job.lease, None)
+        self.send((MSG_OUTCOME, outcome))
+
+
+TASK_NAME_PREFIX = "leasejobs-job:"
+
+
+def _lease_of(name: str) -> tuple[int, int] | None:
+    if not name.startswith(TASK_NAME_PREFIX):
+        return None
+    job, _, attempt = name[len(TASK_NAME_PREFIX) :].partition(":")
+    return (int(job), int(attempt))
+
+
 def child_main(
     conn: Connection, bell_fd: int, state: SlotState, lifeline_fd: int, close_fds: list[int]
 ) -> None:
@@ -141,16 +235,19 @@ def child_main(
         with contextlib.suppress(BlockingIOError):  # full: it rings already
             os.write(bell_fd, b"!")
 
+    sending = threading.Lock()  # the event loop's thread sends too
+
     def send(message: Any, *, ring_after: bool) -> None:
         data = ForkingPickler.dumps(message)
-        if len(data) < RING_BEFORE_BYTES:
-            conn.send_bytes(data)
-        else:
-            # The pipe may fill up before the parent reads: its length first, then the
-            # bell (the parent finds something to read, and reads the rest as it comes).
-            _write_all(conn.fileno(), _frame_header(len(data)))
-            ring()
-            _write_all(conn.fileno(), data)
+        with sending:
+            if len(data) < RING_BEFORE_BYTES:
+                conn.send_bytes(data)
+            else:
+                # The pipe may fill up before the parent reads: its length first, then the
+                # bell (the parent finds something to read, and reads the rest as it comes).
+                _write_all(conn.fileno(), _frame_header(len(data)))
+                ring()
+                _write_all(conn.fileno(), data)
         if ring_after:
             ring()
 
@@ -158,6 +255,7 @@ def child_main(
         send((MSG_PROGRESS, lease, fraction, message), ring_after=True)
 
     send((MSG_READY, os.getpid()), ring_after=True)  # the parent waits on the bell
+    loop: SlotLoop | None = None
     code = 0
     try:
         while True:
@@ -167,6 +265,10 @@ def child_main(
                 break
             if batch is None:
                 break
+            if batch[0] == MSG_CANCEL:
+                if loop is not None:
+                    loop.cancel(batch[1])
+                continue
             for index, (seq, spec) in enumerate(batch):
                 assert isinstance(spec, JobSpec)  # noqa: S101 - protocol invariant
                 last = index == len(batch) - 1
@@ -177,6 +279,12 @@ def child_main(
                 if start == "taken back":
                     if last and not conn.poll(0):
                         ring()
+                    continue
+                if spec.on_loop:
+                    if loop is None:
+                        depth_limits(spec.database)  # (looked up here: no query on the loop)
+                        loop = SlotLoop(state, lambda message: send(message, ring_after=True))
+                    loop.start(spec)
                     continue
                 close_old_connections()
                 outcome = execute(spec, progress_sink=progress)

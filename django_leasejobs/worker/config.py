@@ -32,6 +32,8 @@ class WorkerConfig:
     None = 64 per slot, at most 512; 0 turns prefetching off."""
     scheduler: bool | None = None
     """Run the scheduler thread; None = unless ``burst`` (only when there are schedules)."""
+    async_concurrency: int | None = None
+    """``async def`` jobs a slot runs at once; None: the backend's ``ASYNC_CONCURRENCY``."""
     supervised: bool = False
     """Forked by ``runworker --processes`` (``supervisor.py``): a stop signal repeated
     within ``SAME_STOP_WINDOW`` is the same request heard twice, not "again, now"."""

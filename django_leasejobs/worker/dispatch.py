@@ -64,6 +64,9 @@ class Dispatcher:
     """A database round or a renewal was slow less than a lease ago (``SLOW_ROUND_SHARE``)."""
     slow_until: float = 0.0
     """Monotonic time until which ``rounds_slow`` holds."""
+    loop_share: float = 0.0
+    """The share of ``async def`` jobs in the last claim that brought jobs: how much of the
+    room on slots' event loops to claim for next."""
 
     def __post_init__(self) -> None:
         if self.prefetch_limit < 0:
@@ -92,6 +95,11 @@ class Dispatcher:
         if mean is None or mean >= PIPELINE_WORK_SECONDS or waiting <= 1:
             return 1
         return min(PIPELINE_DEPTH, int(PIPELINE_WORK_SECONDS / max(mean, 1e-6)))
+
+    def note_claimed(self, jobs: int, on_loop: int) -> None:
+        """A claim brought ``jobs`` jobs, ``on_loop`` of them ``async def`` ones."""
+        if jobs:
+            self.loop_share = on_loop / jobs
 
     def note_duration(self, seconds: float) -> None:
         mean = self.mean_duration

@@ -7,6 +7,8 @@ plain, picklable :class:`Outcome` (JSON result, or error class path + traceback)
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import logging
 import math
@@ -38,7 +40,7 @@ from ..registry import resolve
 from ..results import live_result, task_as_enqueued, task_error
 from ..retry import DEFAULT_MAX_SNOOZES, RETRIED, Backoff, Decision, Verdict, verdict
 from ..serialization import json_value
-from ..tracing import traced
+from ..tracing import atraced, traced
 
 logger = logging.getLogger("django_leasejobs")
 
@@ -57,9 +59,19 @@ class JobSpec:
     """``time.monotonic()`` after which the slot must not start the job: the worker would
     call its lease lost by then (no renewal within ``local_lease_deadline``). A slot
     that holds jobs queued behind another gives back those it could not start in time."""
+    on_loop: bool = False
+    """An ``async def`` job that the slot runs on its event loop, beside others
+    (``ASYNC_CONCURRENCY``), rather than alone."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        fields = (self.job, self.worker_id, self.backend, self.database, self.start_by)
+        fields = (
+            self.job,
+            self.worker_id,
+            self.backend,
+            self.database,
+            self.start_by,
+            self.on_loop,
+        )
         return (JobSpec, fields)
 
 
@@ -72,10 +84,20 @@ class Outcome:
     verdict: Verdict = RETRIED
     """What the slot decided about a failure's exception (``retry.verdict``)."""
     duration: float = 0.0
+    cancelled: bool = False
+    """An ``async def`` job that ended on a ``CancelledError`` (the slot's way to stop it)."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # One per job through a slot's pipe: a tuple pickles faster than the default.
-        fields = (self.lease, self.ok, self.result, self.error, self.verdict, self.duration)
+        fields = (
+            self.lease,
+            self.ok,
+            self.result,
+            self.error,
+            self.verdict,
+            self.duration,
+            self.cancelled,
+        )
         return (Outcome, fields)
 
 
@@ -272,15 +294,35 @@ def execute(
 ) -> Outcome:
     """Run one attempt and describe how it ended, in the job's span when tracing is on.
     Never raises: whatever the task raises (``KeyboardInterrupt`` and ``SystemExit``
-    included) is that attempt's failure."""
+    included) is that attempt's failure. An ``async def`` task runs to its end on an event
+    loop of its own (``Task.call``)."""
     return traced(spec.job, spec.backend, lambda: _attempt(spec, progress_sink, lost_flag))
 
 
-def _attempt(
+async def execute_async(spec: JobSpec, *, progress_sink: ProgressSink | None = None) -> Outcome:
+    """:func:`execute` on the running event loop, for a slot that runs many ``async def``
+    jobs at once (``Task.acall``). The ``CancelledError`` that the slot delivers to stop the
+    job (its lease lost, its timeout, a cancel, a shutdown) ends it like any exception,
+    with ``Outcome.cancelled`` set. Never raises."""
+    return await atraced(spec.job, spec.backend, lambda: _attempt_async(spec, progress_sink))
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A resolved attempt, ready to call: the task and the arguments it is called with
+    (the context first for a ``takes_context`` task)."""
+
+    task: AnyTask
+    args: tuple[Any, ...]
+    context: JobContext | None
+
+
+def _prepare(
     spec: JobSpec, progress_sink: ProgressSink | None, lost_flag: threading.Event | None
-) -> Outcome:
+) -> _Call | Outcome:
+    """What to call for the attempt, or the Outcome of one that cannot be called (a
+    malformed row, a task that is not registered)."""
     job = spec.job
-    started = time.monotonic()
     if job.problem is not None:
         malformed = InvalidTaskArguments(f"job {job.id}: {job.problem}; nothing was called")
         return Outcome(job.lease, ok=False, error=error_info(malformed), verdict=NOT_RETRIED)
@@ -288,59 +330,106 @@ def _attempt(
         task = resolve(job.task_path)
     except UnknownTask as exc:
         return Outcome(job.lease, ok=False, error=error_info(exc), verdict=NOT_RETRIED)
-    context: JobContext | None = None
+    if not task.takes_context:
+        return _Call(task, tuple(job.args), None)
+    context = JobContext(
+        task_result=running_result(job, task, spec.backend, spec.worker_id),
+        job_id=job.id,
+        attempt_number=job.attempt,
+        worker_id=spec.worker_id,
+        database=spec.database,
+        initial_checkpoint=job.checkpoint,
+        initial_metadata=job.metadata,
+        workflow_id=job.workflow_id,
+        initial_parents=job.parents,
+        progress_sink=progress_sink,
+        lost_flag=lost_flag or threading.Event(),
+    )
+    return _Call(task, (context, *job.args), context)
+
+
+def _succeeded(spec: JobSpec, value: Any, started: float) -> Outcome:
+    """The Outcome of a call that returned ``value``: a JSON copy of it, or the clear
+    failure of a value that is not JSON (it will not become JSON on a retry)."""
+    try:
+        result = json_value(value, "the task's return value", using=spec.database)
+    except InvalidTaskArguments as exc:
+        return Outcome(
+            spec.job.lease,
+            ok=False,
+            error=error_info(exc),
+            verdict=NOT_RETRIED,
+            duration=time.monotonic() - started,
+        )
+    return Outcome(spec.job.lease, ok=True, result=result, duration=time.monotonic() - started)
+
+
+def _failed(
+    spec: JobSpec, task: AnyTask, exc: BaseException, started: float, *, cancelled: bool = False
+) -> Outcome:
+    """The Outcome of a call that raised ``exc``, with the task's retry verdict."""
+    job = spec.job
+    error = error_info(exc)
+    if isinstance(exc, InvalidTaskArguments):
+        verdict_of: Verdict = NOT_RETRIED
+    else:
+
+        def failed_result() -> AnyTaskResult:
+            """The attempt's TaskResult as a ``backoff`` function sees it: FAILED, with
+            this attempt's error."""
+            result = running_result(
+                job, task, spec.backend, spec.worker_id, status=JobStatus.FAILED
+            )
+            result.errors.append(error_as_task_error(error))
+            return result
+
+        verdict_of = verdict(task, exc, job.attempt, failed_result)
+    return Outcome(
+        job.lease,
+        ok=False,
+        error=error,
+        verdict=verdict_of,
+        duration=time.monotonic() - started,
+        cancelled=cancelled,
+    )
+
+
+def _attempt(
+    spec: JobSpec, progress_sink: ProgressSink | None, lost_flag: threading.Event | None
+) -> Outcome:
+    started = time.monotonic()
+    call = _prepare(spec, progress_sink, lost_flag)
+    if isinstance(call, Outcome):
+        return call
     try:
         try:
-            if task.takes_context:
-                context = JobContext(
-                    task_result=running_result(job, task, spec.backend, spec.worker_id),
-                    job_id=job.id,
-                    attempt_number=job.attempt,
-                    worker_id=spec.worker_id,
-                    database=spec.database,
-                    initial_checkpoint=job.checkpoint,
-                    initial_metadata=job.metadata,
-                    workflow_id=job.workflow_id,
-                    initial_parents=job.parents,
-                    progress_sink=progress_sink,
-                    lost_flag=lost_flag or threading.Event(),
-                )
-                value = task.call(context, *job.args, **job.kwargs)
-            else:
-                value = task.call(*job.args, **job.kwargs)
-            result = json_value(value, "the task's return value", using=spec.database)
-        except InvalidTaskArguments as exc:
-            # A return value that is not JSON will not become JSON on a retry.
-            return Outcome(
-                job.lease,
-                ok=False,
-                error=error_info(exc),
-                verdict=NOT_RETRIED,
-                duration=time.monotonic() - started,
-            )
+            value = call.task.call(*call.args, **spec.job.kwargs)
         except BaseException as exc:  # KeyboardInterrupt and SystemExit too: the task's own
-            error = error_info(exc)
-
-            def failed_result() -> AnyTaskResult:
-                """The attempt's TaskResult as a ``backoff`` function sees it: FAILED, with
-                this attempt's error."""
-                result = running_result(
-                    job, task, spec.backend, spec.worker_id, status=JobStatus.FAILED
-                )
-                result.errors.append(error_as_task_error(error))
-                return result
-
-            return Outcome(
-                job.lease,
-                ok=False,
-                error=error,
-                verdict=verdict(task, exc, job.attempt, failed_result),
-                duration=time.monotonic() - started,
-            )
-        return Outcome(job.lease, ok=True, result=result, duration=time.monotonic() - started)
+            return _failed(spec, call.task, exc, started)
+        return _succeeded(spec, value, started)
     finally:
-        if context is not None:
-            context.save_changed_metadata()
+        if call.context is not None:
+            call.context.save_changed_metadata()
+
+
+async def _attempt_async(spec: JobSpec, progress_sink: ProgressSink | None) -> Outcome:
+    started = time.monotonic()
+    call = _prepare(spec, progress_sink, None)
+    if isinstance(call, Outcome):
+        return call
+    try:
+        try:
+            value = await call.task.acall(*call.args, **spec.job.kwargs)
+        except asyncio.CancelledError as exc:
+            # The slot's stop (or the task cancelled itself: the same, an ending it chose).
+            return _failed(spec, call.task, exc, started, cancelled=True)
+        except BaseException as exc:  # KeyboardInterrupt and SystemExit too: the task's own
+            return _failed(spec, call.task, exc, started)
+        return _succeeded(spec, value, started)
+    finally:
+        if call.context is not None:
+            with contextlib.suppress(BaseException):  # (it logs why; a cancel lands here too)
+                await sync_to_async(call.context.save_changed_metadata)()
 
 
 def attempt_failure(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from inspect import iscoroutinefunction
 
 from .. import registry
 from ..compat import AnyTask
@@ -51,6 +52,10 @@ class Handover:
         self.deadline = local_lease_deadline
         self.slot_freed = False
         """A slot reported an outcome or died since the loop last looked (claim again)."""
+        self.loops = pool.kind == "process"
+        """``async def`` jobs run at once on the slots' event loops (process pool)."""
+        self.loop_jobs_seen = False
+        """Such a job was claimed: hand-overs sort the waiting jobs by kind from now on."""
 
     # -- claimed jobs in, to slots ------------------------------------------------------
 
@@ -58,6 +63,7 @@ class Handover:
         """Jobs a round claimed, as the loop takes them (their local lease clock starts
         now, as a renewal's does when it returns)."""
         now = time.monotonic()
+        on_loop = 0
         for job in claimed:
             try:
                 task: AnyTask | None = registry.resolve(job.task_path)
@@ -72,8 +78,14 @@ class Handover:
             except Exception:  # a module that fails to import
                 task = None  # the slot reports the clear error; nothing is called
             running = RunningJob(job=job, task=task, started=now)
+            if self.loops and task is not None and iscoroutinefunction(task.func):
+                running.on_loop = True
+                self.loop_jobs_seen = True
+                on_loop += 1
             self.book.add(running)
             self.book.ready.append(running)
+        if self.loop_jobs_seen:
+            self.dispatcher.note_claimed(len(claimed), on_loop)
         self.dispatch()
 
     def dispatch(self) -> None:
@@ -85,6 +97,9 @@ class Handover:
         ready = self.book.ready
         self._route_stopped_heads()
         if not ready:
+            return
+        if self.loop_jobs_seen:
+            self._dispatch_by_kind()
             return
         rooms = self.pool.rooms(self.dispatcher.pipeline_depth(len(ready)))
         share = -(-len(ready) // max(1, len(rooms)))  # ceil: spread the backlog
@@ -103,6 +118,41 @@ class Handover:
                     self._announce(self.book.running[specs[0].job.lease])
             if not ready:
                 return
+
+    def _dispatch_by_kind(self) -> None:
+        """Hand waiting jobs over when ``async def`` jobs come among them: each of those
+        to the least busy event loop with room (or an idle slot), each other one alone
+        to an idle slot; in order, a job that finds no room leaving its place to the
+        next job."""
+        ready = self.book.ready
+        loop_room = {room.slot: room.jobs for room in self.pool.loop_rooms()}
+        idle = [room.slot for room in self.pool.rooms(1)]
+        given: dict[int, list[JobSpec]] = {}
+        waiting: list[RunningJob] = []
+        while ready and (idle or any(loop_room.values())):
+            self._route_stopped_heads()
+            if not ready:
+                break
+            running = ready.popleft()
+            slot: int | None = None
+            if running.on_loop:
+                candidates = [s for s, room in loop_room.items() if room > 0]
+                if candidates:
+                    slot = max(candidates, key=lambda s: loop_room[s])
+                    loop_room[slot] -= 1
+                    if slot in idle:
+                        idle.remove(slot)
+            elif idle:
+                slot = idle.pop(0)
+                loop_room.pop(slot, None)
+            if slot is None:
+                waiting.append(running)
+                continue
+            given.setdefault(slot, []).append(self._hand_over(running))
+        ready.extendleft(reversed(waiting))
+        for slot, specs in given.items():
+            if self.pool.submit(slot, specs):  # it was idle: the first job starts at once
+                self._announce(self.book.running[specs[0].job.lease])
 
     def _route_stopped_heads(self) -> None:
         """Pop the jobs at the head of ``ready`` that must not start: stopped while they
@@ -136,27 +186,30 @@ class Handover:
             if not ready:
                 break
             running = ready[0]
-            job = running.job
-            if job.timeout is not None and (specs or not room.idle):
+            if running.job.timeout is not None and (specs or not room.idle):
                 break
             ready.popleft()
-            now = time.monotonic()
-            self.dispatcher.handed_over(now - running.started)
-            running.dispatched = True
-            running.started = now
-            self.book.table.handed_over(job.lease, now, job.timeout)
-            renewed = self.book.table.renewed_at(job.lease)
-            # The rule of _route_stopped_heads, kept by the slot for queued jobs.
-            specs.append(
-                JobSpec(
-                    job=job,
-                    worker_id=self.reporter.worker_id,
-                    backend=self.reporter.backend.alias,
-                    database=self.database,
-                    start_by=renewed + self.deadline,
-                )
-            )
+            specs.append(self._hand_over(running))
         return specs
+
+    def _hand_over(self, running: RunningJob) -> JobSpec:
+        """What a slot gets for ``running``, as it is handed over (its clocks start)."""
+        job = running.job
+        now = time.monotonic()
+        self.dispatcher.handed_over(now - running.started)
+        running.dispatched = True
+        running.started = now
+        self.book.table.handed_over(job.lease, now, job.timeout)
+        renewed = self.book.table.renewed_at(job.lease)
+        # The rule of _route_stopped_heads, kept by the slot for queued jobs.
+        return JobSpec(
+            job=job,
+            worker_id=self.reporter.worker_id,
+            backend=self.reporter.backend.alias,
+            database=self.database,
+            start_by=renewed + self.deadline,
+            on_loop=running.on_loop,
+        )
 
     def _announce(self, running: RunningJob) -> None:
         """Announce that an attempt started (once: a job handed to an idle slot as it is
@@ -219,9 +272,11 @@ class Handover:
             return  # it waits in ``ready``: the loop routes it there, never starts it
         graceful = reason != "shutdown"
         # "retracted": its slot gives it back (a Retracted event) and dispatch routes it
-        # from ``ready``; "killing": its slot's death is the next event; "flagged": its
-        # thread runs on, fenced, and the slot's outcome of it is void.
-        if self.pool.stop_job(lease, graceful=graceful) == "flagged":
+        # from ``ready``; "killing": its slot's death (or, on an event loop, its outcome
+        # of the CancelledError) is the next event; "flagged": its thread runs on,
+        # fenced, and the slot's outcome of it is void.
+        action = self.pool.stop_job(lease, graceful=graceful, lease_lost=reason == "lease_lost")
+        if action == "flagged":
             self._stopped(running, "was stopped; its thread runs on, fenced")
 
     def stop_all(self, reason: StopReason) -> None:
@@ -278,11 +333,25 @@ class Handover:
         self._announce(running)  # it started (if its start was not reported yet)
         if isinstance(event, Outcome):
             self.dispatcher.note_duration(event.duration)
+            if event.cancelled and running.stop_reason is not None:
+                self._stopped(running, "its coroutine ended on the CancelledError it was sent")
+                return
             # A real outcome wins even when a stop raced it: the job did finish. (A
             # lost lease is still safe: the fence rejects the write.)
             self.recorder.record(running, event)
             return
-        if running.stop_reason is not None:
+        if event.collateral_of is not None:
+            (job_id, attempt), why = event.collateral_of
+            self.reporter.collateral(running, (job_id, attempt), why)
+            self.recorder.record(
+                running,
+                Ending(
+                    "collateral",
+                    f"its slot's process {event.exit_description} because {why}; "
+                    "released to run again, no attempt counted",
+                ),
+            )
+        elif running.stop_reason is not None:
             self._stopped(running, event.exit_description)
         else:
             self.recorder.record(running, Ending("killed", event.exit_description))

@@ -24,6 +24,9 @@ class RunningJob:
     task: AnyTask | None
     started: float
     """Monotonic: when it was claimed, then when it was handed to a slot."""
+    on_loop: bool = False
+    """An ``async def`` job that runs on a slot's event loop beside others (process
+    pool)."""
     dispatched: bool = False
     """Handed to a slot. A prefetched job waits in ``JobBook.ready`` until then (and goes
     back there if its slot gives it back before it started)."""

@@ -104,6 +104,8 @@ class Worker:
                 config.concurrency,
                 lock_lost_behavior=options.lock_lost_behavior,
                 lock_lost_grace=options.lock_lost_grace,
+                async_concurrency=config.async_concurrency or options.async_concurrency,
+                async_blocking_limit=options.async_blocking_limit,
             )
         else:
             self.pool = ThreadPool(config.concurrency, wake=self.inbox.wake)
@@ -334,8 +336,13 @@ class Worker:
             return 0
         max_jobs = self.config.max_jobs
         jobs_left = None if max_jobs is None else max_jobs - self.book.finished - len(self.book)
+        free_slots = self.pool.free_slots()
+        if self.handover.loop_jobs_seen:
+            # Room on the slots' event loops, as far as recent claims were async jobs.
+            extra = self.pool.loop_room() - free_slots
+            free_slots += int(self.dispatcher.loop_share * max(0, extra))
         return self.dispatcher.claim_limit(
-            free_slots=self.pool.free_slots(), waiting=len(self.book.ready), jobs_left=jobs_left
+            free_slots=free_slots, waiting=len(self.book.ready), jobs_left=jobs_left
         )
 
     def _finish_round(self) -> None:

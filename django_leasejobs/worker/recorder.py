@@ -129,7 +129,7 @@ class Recorder:
                 plan.unclaims.append((running, what))
             elif isinstance(what, Ending) and what.kind == "unknown":
                 plan.deferrals.append((running, what))
-            elif isinstance(what, Ending) and what.kind in ("shutdown", "cancelled"):
+            elif isinstance(what, Ending) and what.kind in ("shutdown", "collateral", "cancelled"):
                 plan.singles.append((running, what))
             else:  # a failed outcome, a killed process, a timeout
                 failure, duration = self._failure(running, what)
@@ -195,7 +195,7 @@ class Recorder:
             elif running.job.lease in result.unwritable:
                 self.give_up(running, result.unwritable[running.job.lease])
             else:
-                self._lost(running, "release" if ending.kind == "shutdown" else "cancel")
+                self._lost(running, "cancel" if ending.kind == "cancelled" else "release")
         if result.unclaimed is None:
             requeue += plan.unclaims
         else:
@@ -285,7 +285,7 @@ class Recorder:
 
     def _after_single(self, running: RunningJob, kind: str) -> None:
         duration = time.monotonic() - running.started
-        if kind == "shutdown":
+        if kind in ("shutdown", "collateral"):
             self.reporter.released(running, duration)
         else:
             error = ErrorInfo("django_leasejobs.exceptions.JobCancelled", "cancelled while running")

@@ -209,6 +209,17 @@ class Reporter(Announcer):
                 extra=self.log_extra(job, reason=reason),
             )
 
+    def collateral(self, running: RunningJob, culprit: tuple[int, int], why: str) -> None:
+        """A job died with its slot's event loop for another job's fault: it runs again."""
+        job = running.job
+        logger.warning(
+            "job %s attempt %s released as collateral: its slot was killed because %s",
+            job.id,
+            job.attempt,
+            why,
+            extra=self.log_extra(job, reason=why, culprit_job_id=culprit[0]),
+        )
+
     def lost_on_write(self, running: RunningJob, transition: str) -> None:
         job = running.job
         exc = LeaseLost(job.id, job.attempt, self.worker_id, transition)

@@ -37,14 +37,18 @@ from .jobs import RunningJob
 Lease = tuple[int, int]
 Row = TypeVar("Row", Completion, Failure)
 
-EndingKind = Literal["killed", "timeout", "cancelled", "shutdown", "unclaim", "unknown"]
+EndingKind = Literal[
+    "killed", "timeout", "cancelled", "shutdown", "collateral", "unclaim", "unknown"
+]
 
 
 @dataclass(frozen=True, slots=True)
 class Ending:
     """How an attempt ended that reported no outcome of its own, as the worker saw it:
     its process died (``killed``), the worker stopped it for its timeout, a cancel or a
-    shutdown (``shutdown``: released back to pending), or it never started and goes back
+    shutdown (``shutdown``: released back to pending), it died with its slot's event
+    loop for another job's fault (``collateral``: released, its attempt given back, with
+    ``description`` saying whose fault), or it never started and goes back
     unused (``unclaim``; ``unknown``: the worker does not know its task, and gives it
     back to wait for a worker that does). ``description`` says what happened to its
     process (for ``unknown``: why its task could not be loaded)."""
@@ -66,7 +70,7 @@ class RoundPlan:
     failures: list[tuple[RunningJob, Write, Failure, float]] = field(default_factory=list)
     """(job, what happened, the Failure to write, the attempt's duration)"""
     singles: list[tuple[RunningJob, Ending]] = field(default_factory=list)
-    """Releases at shutdown and cancels: one transition each, rare."""
+    """Releases at shutdown, releases of collateral and cancels: one transition each, rare."""
     unclaims: list[tuple[RunningJob, Ending]] = field(default_factory=list)
     """Prefetched jobs that never started, given back."""
     deferrals: list[tuple[RunningJob, Ending]] = field(default_factory=list)
@@ -263,6 +267,10 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
         try:
             if ending.kind == "shutdown":
                 leases.release(job.id, job.attempt, worker, using=using)
+            elif ending.kind == "collateral":
+                leases.release_collateral(
+                    job.id, job.attempt, worker, ending.description, using=using
+                )
             else:
                 leases.mark_cancelled(job.id, job.attempt, worker, using=using)
         except LeaseLost:

@@ -108,6 +108,14 @@ class Command(BaseCommand):
             "I/O-bound jobs, weaker isolation (a lost lease only flags the job).",
         )
         parser.add_argument(
+            "--async-concurrency",
+            type=positive_int,
+            default=None,
+            help="async def jobs each process-pool slot runs at once on its event loop "
+            "(default: the backend's ASYNC_CONCURRENCY, 100). The thread pool runs them "
+            "one per slot.",
+        )
+        parser.add_argument(
             "--prefetch",
             type=non_negative_int,
             default=None,
@@ -222,6 +230,7 @@ class Command(BaseCommand):
             worker_id=options["worker_id"],
             shutdown_timeout=options["shutdown_timeout"],
             prefetch=options["prefetch"],
+            async_concurrency=options["async_concurrency"],
             scheduler=False if options["no_scheduler"] else None,
         )
         processes = options["processes"]

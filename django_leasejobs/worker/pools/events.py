@@ -31,6 +31,9 @@ class SlotDied:
 
     lease: Lease
     exit_description: str
+    collateral_of: tuple[Lease, str] | None = None
+    """The job on the same event loop whose fault the kill was, and why: this one is
+    released without counting an attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,13 @@ class Pool(Protocol):
     def rooms(self, depth: int) -> list[Room]:
         """Slots that can take jobs now, each up to ``depth`` held."""
 
+    def loop_rooms(self) -> list[Room]:
+        """Slots that can take ``async def`` jobs to run at once on their event loop (the
+        thread pool: none, its slots run them one at a time, as ``rooms`` offers)."""
+
+    def loop_room(self) -> int:
+        """How many more ``async def`` jobs the slots' event loops could run now."""
+
     def running(self) -> list[Lease]:
         """The leases of every job the slots hold (running or queued)."""
 
@@ -119,8 +129,9 @@ class Pool(Protocol):
     def retract_stalled(self, after: float) -> None:
         """Take back jobs queued behind one that has run longer than ``after`` s."""
 
-    def stop_job(self, lease: Lease, *, graceful: bool) -> StopAction:
-        """Stop the job holding ``lease`` (see ``StopAction``)."""
+    def stop_job(self, lease: Lease, *, graceful: bool, lease_lost: bool = False) -> StopAction:
+        """Stop the job holding ``lease`` (see ``StopAction``); ``lease_lost``: because
+        its lease is gone (the process pool kills an event loop's job at once then)."""
 
     def escalate(self) -> float | None:
         """SIGKILL what a SIGTERM's grace left running; seconds until the next one."""

@@ -8,6 +8,7 @@ is replaced. See ``child.py`` for the protocol over the pipe and the shared stat
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
 import os
 import select
@@ -20,7 +21,11 @@ from typing import Literal
 from django.db import connections
 
 from ..child import (
+    BLAMED_ATTEMPT,
+    BLAMED_JOB,
     LIMIT,
+    LOOP_NS,
+    MSG_CANCEL,
     MSG_EXPIRED,
     MSG_OUTCOME,
     MSG_PROGRESS,
@@ -51,15 +56,28 @@ SLOT_READY_WAIT = 30.0
 """How long a starting worker waits for each new slot to say it is ready."""
 SLOT_EXIT_WAIT = 5.0
 """At shutdown, how long idle slots get (all together) to leave on their own."""
+LOOP_LOOK = 0.25
+"""While a slot's event loop runs jobs, the worker looks at least this often whether a
+job blocks it (``ASYNC_BLOCKING_LIMIT``)."""
 
 
 class ProcessPool:
     kind: Literal["process"] = "process"
 
-    def __init__(self, size: int, *, lock_lost_behavior: str, lock_lost_grace: float) -> None:
+    def __init__(
+        self,
+        size: int,
+        *,
+        lock_lost_behavior: str,
+        lock_lost_grace: float,
+        async_concurrency: int = 1,
+        async_blocking_limit: float = math.inf,
+    ) -> None:
         self.size = size
         self.lock_lost_behavior = lock_lost_behavior
         self.lock_lost_grace = lock_lost_grace
+        self.async_concurrency = async_concurrency
+        self.async_blocking_limit = async_blocking_limit
         self._ctx = multiprocessing.get_context("fork")
         self._slots: list[ProcessSlot] = []
         self._lock = threading.RLock()
@@ -178,13 +196,37 @@ class ProcessPool:
     def free_slots(self) -> int:
         return sum(1 for s in self._slots if not s.queue and s.open)
 
+    def loop_room(self) -> int:
+        """How many more ``async def`` jobs the slots could run now (idle slots count
+        ``async_concurrency`` each)."""
+        return sum(room.jobs for room in self.loop_rooms())
+
     def rooms(self, depth: int) -> list[Room]:
-        """Slots that can take jobs now, and how many each: up to ``depth`` queued."""
+        """Slots that can take jobs now, and how many each: up to ``depth`` queued (never
+        a slot whose event loop runs jobs)."""
         with self._lock:
             return [
                 Room(s.index, depth - len(s.queue), not s.queue)
                 for s in self._slots
-                if s.open and len(s.queue) < depth and s.taken_back_upto <= s.state.values[SEEN]
+                if s.open
+                and len(s.queue) < depth
+                and not (s.on_loop and s.queue)
+                and s.taken_back_upto <= s.state.values[SEEN]
+            ]
+
+    def loop_rooms(self) -> list[Room]:
+        """Slots that can take ``async def`` jobs now, and how many each: idle ones, and
+        those whose event loop runs fewer than ``async_concurrency`` jobs (never one that
+        is being stopped: a job it runs was sent a cancel)."""
+        with self._lock:
+            return [
+                Room(s.index, self.async_concurrency - len(s.queue), not s.queue)
+                for s in self._slots
+                if s.open
+                and (not s.queue or s.on_loop)
+                and not s.cancels
+                and len(s.queue) < self.async_concurrency
+                and s.taken_back_upto <= s.state.values[SEEN]
             ]
 
     def running(self) -> list[Lease]:
@@ -195,7 +237,11 @@ class ProcessPool:
         """Some slot holds jobs queued behind the one it runs, or runs one whose start
         has not been reported yet (the main loop looks in on them often)."""
         return any(
-            len(s.queue) > 1 or (s.queue and s.queue[0][0] > s.reported_upto) for s in self._slots
+            s.queue[-1][0] > s.reported_upto
+            if s.on_loop
+            else len(s.queue) > 1 or s.queue[0][0] > s.reported_upto
+            for s in self._slots
+            if s.queue
         )
 
     def submit(self, slot_index: int, specs: list[JobSpec]) -> bool:
@@ -211,6 +257,9 @@ class ProcessPool:
             idle = not slot.queue
             if idle:
                 slot.reported_upto = slot.next_seq
+                slot.on_loop = specs[0].on_loop
+            if any(spec.on_loop != slot.on_loop for spec in specs):
+                raise ValueError(f"slot {slot_index} runs jobs of the other kind")
             batch = []
             for spec in specs:
                 batch.append((slot.next_seq, spec))
@@ -266,6 +315,7 @@ class ProcessPool:
             if message[0] == MSG_OUTCOME:
                 outcome: Outcome = message[1]
                 with self._lock:
+                    slot.cancels.pop(outcome.lease, None)
                     if take(slot.queue, outcome.lease):
                         events.append(outcome)
             elif message[0] == MSG_PROGRESS:
@@ -309,9 +359,18 @@ class ProcessPool:
         with self._lock:
             started = int(slot.state.values[STARTED])  # the child is gone: no lock needed
             never_started = tuple(lease for seq, lease in slot.queue if seq > started)
+            exit_description = describe_exit(slot.process.exitcode)
             for seq, lease in slot.queue:
-                if seq <= started:
-                    events.append(SlotDied(lease, describe_exit(slot.process.exitcode)))
+                if seq > started:
+                    continue
+                if slot.culprit is not None and lease != slot.culprit[0]:
+                    # Its event loop's neighbour was killed with it: not its fault.
+                    culprit, why = slot.culprit
+                    events.append(SlotDied(lease, exit_description, (culprit, why)))
+                elif slot.culprit is not None:
+                    events.append(SlotDied(lease, f"{exit_description}: {slot.culprit[1]}"))
+                else:
+                    events.append(SlotDied(lease, exit_description))
             slot.queue.clear()
         if never_started:
             events.append(Retracted(never_started))
@@ -335,7 +394,7 @@ class ProcessPool:
         now = time.monotonic_ns()
         with self._lock:
             for slot in self._slots:
-                if len(slot.queue) < 2:
+                if len(slot.queue) < 2 or slot.on_loop:
                     continue
                 with held(slot) as values:
                     if values is None:
@@ -345,13 +404,18 @@ class ProcessPool:
                     if started >= slot.queue[0][0] and running_long:
                         self._retract_after(slot, started)
 
-    def stop_job(self, lease: Lease, *, graceful: bool) -> StopAction:
+    def stop_job(self, lease: Lease, *, graceful: bool, lease_lost: bool = False) -> StopAction:
         """Stop the job holding ``lease``: SIGKILL its process group, or SIGTERM first;
         a job still queued in its slot is taken back instead (``Retracted``).
 
         With ``graceful`` (the "sigterm" lock-lost behaviour) the child gets SIGTERM
         and :meth:`escalate` SIGKILLs the group after the grace period. Jobs queued
         behind the stopped one are taken back: they never start in that slot.
+
+        A job on a slot's event loop gets ``CancelledError`` instead, and
+        ``LOCK_LOST_GRACE`` to end before the group is killed (its neighbours then
+        released as collateral); except a ``lease_lost`` one under the "sigkill"
+        behaviour, which is killed at once, with its neighbours.
         """
         with self._lock:
             found = next(
@@ -368,6 +432,8 @@ class ProcessPool:
                 if seq > started:
                     self._retract_after(slot, seq - 1)
                     return "retracted"
+                if slot.on_loop:
+                    return self._stop_on_loop(slot, lease, lease_lost=lease_lost)
                 if seq < started:
                     return "none"  # it ended: its outcome is on the way
                 # It runs (or just ended): nothing queued behind it starts here.
@@ -381,11 +447,30 @@ class ProcessPool:
                     self._signal_group(slot, signal.SIGKILL)
             return "killing"
 
+    def _stop_on_loop(self, slot: ProcessSlot, lease: Lease, *, lease_lost: bool) -> StopAction:
+        """Stop a job that runs on ``slot``'s event loop (the slot's lock held)."""
+        if slot.killed or lease in slot.cancels:
+            return "killing"
+        if lease_lost and self.lock_lost_behavior != "sigterm":
+            slot.culprit = (lease, f"job {lease[0]} (attempt {lease[1]}) lost its lease")
+            self._signal_group(slot, signal.SIGKILL)
+            return "killing"
+        slot.cancels[lease] = time.monotonic() + self.lock_lost_grace
+        with contextlib.suppress(OSError):  # it died: its sentinel says so
+            slot.conn.send((MSG_CANCEL, lease))
+        return "killing"
+
     def escalate(self) -> float | None:
-        """SIGKILL groups whose SIGTERM grace ran out; return seconds until the next one."""
+        """SIGKILL groups whose SIGTERM grace ran out, and slots whose event loop a job
+        blocks too long or that a cancelled job outlives its grace on; return seconds
+        until the next look."""
         soonest: float | None = None
         now = time.monotonic()
         with self._lock:
+            for slot in self._slots:
+                if slot.on_loop and slot.queue and not slot.killed:
+                    left = self._watch_loop(slot, now)
+                    soonest = left if soonest is None else min(soonest, left)
             owed = []
             for pgid, due in self._owed_kills:
                 if due <= now:
@@ -404,6 +489,37 @@ class ProcessPool:
                 else:
                     soonest = left if soonest is None else min(soonest, left)
         return soonest
+
+    def _watch_loop(self, slot: ProcessSlot, now: float) -> float:
+        """Kill ``slot`` if a job blocks its event loop past ``async_blocking_limit``, or a
+        job sent a cancel outlived its grace; seconds until the next look (the slot's
+        lock held)."""
+        for lease, due in slot.cancels.items():
+            if due <= now:
+                slot.culprit = (
+                    lease,
+                    f"job {lease[0]} (attempt {lease[1]}) did not end within "
+                    f"{self.lock_lost_grace:g}s of its CancelledError",
+                )
+                self._signal_group(slot, signal.SIGKILL)
+                return 0.0
+        values = slot.state.values
+        mark = int(values[LOOP_NS])
+        if mark == 0:  # the loop has not ticked yet (it starts with the first job)
+            return LOOP_LOOK
+        blocked = now - mark / 1e9
+        if blocked <= self.async_blocking_limit:
+            nearest = min(slot.cancels.values(), default=math.inf) - now
+            return max(0.0, min(LOOP_LOOK, self.async_blocking_limit - blocked, nearest))
+        job, attempt = int(values[BLAMED_JOB]), int(values[BLAMED_ATTEMPT])
+        if job:
+            slot.culprit = (
+                (job, attempt),
+                f"job {job} (attempt {attempt}) blocked the slot's event loop for "
+                f"{blocked:.1f}s (ASYNC_BLOCKING_LIMIT {self.async_blocking_limit:g}s)",
+            )
+        self._signal_group(slot, signal.SIGKILL)
+        return 0.0
 
     def _signal_group(self, slot: ProcessSlot, signum: int) -> None:
         slot.killed = signum == signal.SIGKILL

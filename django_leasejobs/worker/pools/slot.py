@@ -37,6 +37,15 @@ class ProcessSlot:
     that also keeps jobs from queueing behind it again."""
     ready: bool = False
     """Its child said it is ready (``MSG_READY``): no job is handed to it before."""
+    on_loop: bool = False
+    """The jobs it holds are ``async def`` jobs running at once on its child's event
+    loop (set as an idle slot is handed jobs)."""
+    cancels: dict[Lease, float] = field(default_factory=dict)
+    """Jobs on its event loop sent a ``CancelledError``, with when (monotonic) their
+    grace ends: the slot is killed if one still runs then."""
+    culprit: tuple[Lease, str] | None = None
+    """The job whose fault the slot's kill was, and why: the other jobs its event loop
+    ran die as collateral (released without counting an attempt)."""
     term_sent_at: float | None = None
     killed: bool = False
     events: list[Event] = field(default_factory=list)

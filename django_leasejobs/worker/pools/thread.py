@@ -132,6 +132,12 @@ class ThreadPool:
                     rooms.append(Room(slot.index, depth - held, held == 0))
             return rooms
 
+    def loop_rooms(self) -> list[Room]:
+        return []  # an ``async def`` job takes a thread of its own, as a sync one does
+
+    def loop_room(self) -> int:
+        return 0
+
     def running(self) -> list[Lease]:
         with self._lock:
             return list(self._flags)
@@ -177,7 +183,7 @@ class ThreadPool:
                     self._retract(slot, 0)
                     slot.stalled = True
 
-    def stop_job(self, lease: Lease, *, graceful: bool) -> StopAction:
+    def stop_job(self, lease: Lease, *, graceful: bool, lease_lost: bool = False) -> StopAction:
         """Flag the running job (``context.lease_lost``); the thread runs on, its outcome
         is void. A job still queued is taken back (``Retracted``).
 

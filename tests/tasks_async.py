@@ -1,0 +1,92 @@
+"""``async def`` tasks for tests/worker/test_async_jobs.py: they run many at once on a
+slot's event loop, and leave evidence in files (one line per event, written at once)
+so tests count runs and cancellations without sleeping blindly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from django_leasejobs import task
+from django_leasejobs.models import Job
+
+
+def _mark(marker_dir: str, name: str, text: str) -> None:
+    with open(Path(marker_dir) / name, "a") as handle:
+        handle.write(text + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+@task(takes_context=True)
+async def nap(context: Any, marker_dir: str, name: str, seconds: float) -> list[int]:
+    """Record the start (attempt, pid, clock), sleep on the loop, record the end (clock)."""
+    start = f"{context.job_id} {context.attempt} {os.getpid()} {time.monotonic()}"
+    _mark(marker_dir, f"{name}.starts", start)
+    await asyncio.sleep(seconds)
+    _mark(marker_dir, f"{name}.ends", f"{context.job_id} {context.attempt} {time.monotonic()}")
+    return [context.attempt, os.getpid()]
+
+
+@task(takes_context=True)
+async def until_cancelled(context: Any, marker_dir: str, name: str) -> None:
+    """Wait on the loop until cancelled; record the CancelledError it got, then end on it."""
+    _mark(marker_dir, f"{name}.starts", f"{context.job_id} {context.attempt} {os.getpid()}")
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        _mark(marker_dir, f"{name}.cancelled", f"{context.job_id} {context.attempt}")
+        raise
+
+
+@task(takes_context=True, timeout=1)
+async def past_its_timeout(context: Any, marker_dir: str, name: str) -> None:
+    await until_cancelled.func(context, marker_dir, name)
+
+
+@task(takes_context=True, max_attempts=1)
+async def loses_its_lease(context: Any, marker_dir: str, name: str) -> None:
+    """Hand its lease to another owner, then wait: the worker's next renewal finds it gone."""
+    await sync_to_async(Job.objects.filter(pk=context.job_id, attempt=context.attempt).update)(
+        locked_by="thief"
+    )
+    await until_cancelled.func(context, marker_dir, name)
+
+
+@task(takes_context=True, max_attempts=2)
+async def ignores_cancel(context: Any, marker_dir: str, name: str) -> None:
+    """Swallow every CancelledError and keep waiting (its slot must be killed)."""
+    _mark(marker_dir, f"{name}.starts", f"{context.job_id} {context.attempt} {os.getpid()}")
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            _mark(marker_dir, f"{name}.cancelled", f"{context.job_id} {context.attempt}")
+
+
+@task(takes_context=True, max_attempts=1)
+async def blocks_the_loop(context: Any, marker_dir: str, name: str, seconds: float) -> None:
+    """A blocking call in a coroutine: holds the slot's event loop ``seconds``."""
+    _mark(marker_dir, f"{name}.starts", f"{context.job_id} {context.attempt} {os.getpid()}")
+    time.sleep(seconds)  # the fault under test
+
+
+@task(max_attempts=1)
+async def returns(kind: str) -> Any:
+    """A hostile outcome of an async job (see tests/tasks_worker_poison.py for sync)."""
+    await asyncio.sleep(0)
+    if kind == "nul":
+        return "a\x00b"
+    if kind == "unstorable":
+        return {"not json": object()}
+    if kind == "keyboard":
+        raise KeyboardInterrupt
+    if kind == "exit":
+        raise SystemExit(3)
+    return "fine"

@@ -1,0 +1,184 @@
+"""``async def`` jobs run many at once on a process-pool slot's event loop, with the same
+leases and stops as any job (issue 30), with real ``runworker`` subprocesses.
+
+Every stop reaches the right coroutine: a cancel, a timeout and a lost lease each deliver
+``CancelledError`` into it and leave an attempt row; a coroutine that ignores its
+cancellation, or blocks the loop, gets its slot killed, its own attempt row, and its
+neighbours run again without an attempt counted against them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
+from tests import tasks_async
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+BURST_BOUND = 120  # seconds: a wedged worker never exits; a healthy one takes a few
+
+
+def lines(marker_dir: str, name: str) -> list[list[str]]:
+    path = Path(marker_dir) / name
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def statuses(ids: list[int]) -> Counter[str]:
+    return Counter(Job.objects.filter(pk__in=ids).values_list("status", flat=True))
+
+
+def attempts(job_id: int) -> list[JobAttempt]:
+    return list(JobAttempt.objects.filter(job_id=job_id).order_by("attempt"))
+
+
+def test_a_hundred_async_jobs_run_at_once_in_one_slot(workers, marker_dir: str) -> None:
+    ids = [int(tasks_async.nap.enqueue(marker_dir, "nap", 3.0).id) for _ in range(100)]
+    worker = workers.start(args=["--concurrency", "1", "--async-concurrency", "100", "--burst"])
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    assert statuses(ids) == {JobStatus.SUCCEEDED: 100}
+    starts = lines(marker_dir, "nap.starts")
+    assert sorted(int(job) for job, *_ in starts) == sorted(ids)  # each once
+    assert {attempt for _, attempt, *_ in starts} == {"1"}
+    assert len({pid for _, _, pid, _ in starts}) == 1  # one slot's child ran them all
+    # All of them slept at once on the one slot's loop: each started before any ended.
+    first_end = min(float(clock) for *_, clock in lines(marker_dir, "nap.ends"))
+    assert max(float(clock) for *_, clock in starts) < first_end
+    assert not JobAttempt.objects.filter(job_id__in=ids).exists()
+
+
+def test_a_cancelled_async_job_gets_cancelled_error(workers, marker_dir: str) -> None:
+    from django_leasejobs.leases import cancel
+
+    stopped = int(tasks_async.until_cancelled.enqueue(marker_dir, "stopped").id)
+    neighbours = [int(tasks_async.nap.enqueue(marker_dir, "nap", 3.0).id) for _ in range(5)]
+    worker = workers.start(args=["--concurrency", "1", "--burst"])
+    wait_until(lambda: len(lines(marker_dir, "stopped.starts")) == 1, 30, what="its start")
+    cancel(stopped)
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    assert lines(marker_dir, "stopped.cancelled") == [[str(stopped), "1"]]
+    assert Job.objects.get(pk=stopped).status == JobStatus.CANCELLED
+    [row] = attempts(stopped)
+    assert row.outcome == AttemptOutcome.CANCELLED
+    # Its neighbours on the same loop ran on, once, untouched.
+    assert statuses(neighbours) == {JobStatus.SUCCEEDED: 5}
+    assert len(lines(marker_dir, "nap.starts")) == 5
+
+
+def test_a_timed_out_async_job_gets_cancelled_error(workers, marker_dir: str) -> None:
+    late = int(tasks_async.past_its_timeout.enqueue(marker_dir, "late").id)
+    worker = workers.start(args=["--concurrency", "1", "--burst"])
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    assert lines(marker_dir, "late.cancelled")[0] == [str(late), "1"]
+    rows = attempts(late)
+    assert rows[0].outcome == AttemptOutcome.TIMEOUT, [(r.outcome, r.error_message) for r in rows]
+    assert "CancelledError" in rows[0].error_message
+
+
+def test_a_lease_lost_async_job_gets_cancelled_error_with_sigterm(workers, marker_dir: str) -> None:
+    lost = int(tasks_async.loses_its_lease.enqueue(marker_dir, "lost").id)
+    neighbours = [int(tasks_async.nap.enqueue(marker_dir, "nap", 2.0).id) for _ in range(3)]
+    workers.start(
+        options={"LOCK_LOST_BEHAVIOR": "sigterm", "LOCK_LOST_GRACE": 5.0},
+        args=["--concurrency", "1"],
+    )
+    wait_until(lambda: len(lines(marker_dir, "lost.cancelled")) == 1, 30, what="its cancel")
+    assert lines(marker_dir, "lost.cancelled") == [[str(lost), "1"]]
+    wait_until(lambda: statuses(neighbours) == {JobStatus.SUCCEEDED: 3}, 30, what="neighbours")
+    # The reaper takes the job back from the thief once its lease runs out.
+    wait_until(
+        lambda: attempts(lost) and attempts(lost)[0].outcome == AttemptOutcome.LEASE_EXPIRED,
+        30,
+        what=lambda: f"its lease-expired attempt row, got {attempts(lost)}",
+    )
+    assert len(lines(marker_dir, "nap.starts")) == 3
+
+
+def test_a_lease_lost_async_job_kills_its_slot_with_sigkill(workers, marker_dir: str) -> None:
+    """Under the default behaviour a lost lease stops its job at once: the whole child is
+    killed, and its neighbours run again without an attempt counted."""
+    lost = int(tasks_async.loses_its_lease.enqueue(marker_dir, "lost").id)
+    neighbours = [int(tasks_async.nap.enqueue(marker_dir, "nap", 30.0).id) for _ in range(3)]
+    workers.start(args=["--concurrency", "1"])
+    wait_until(
+        lambda: JobAttempt.objects.filter(outcome=AttemptOutcome.COLLATERAL).count() == 3,
+        40,
+        what="three collateral attempt rows",
+    )
+    assert lines(marker_dir, "lost.cancelled") == []  # killed, not cancelled
+    rows = JobAttempt.objects.filter(job_id__in=neighbours)
+    assert {row.outcome for row in rows} == {AttemptOutcome.COLLATERAL}
+    assert all(f"job {lost} (attempt 1) lost its lease" in row.error_message for row in rows)
+    assert {job.max_attempts for job in Job.objects.filter(pk__in=neighbours)} == {4}
+
+
+def test_a_coroutine_that_ignores_its_cancel_gets_its_slot_killed(workers, marker_dir: str) -> None:
+    from django_leasejobs.leases import cancel
+
+    stubborn = int(tasks_async.ignores_cancel.enqueue(marker_dir, "stubborn").id)
+    neighbours = [int(tasks_async.nap.enqueue(marker_dir, "nap", 4.0).id) for _ in range(4)]
+    worker = workers.start(options={"LOCK_LOST_GRACE": 1.0}, args=["--concurrency", "1", "--burst"])
+    wait_until(lambda: len(lines(marker_dir, "nap.starts")) == 4, 30, what="neighbours start")
+    wait_until(lambda: lines(marker_dir, "stubborn.starts"), 30, what="its start")
+    cancel(stubborn)
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    assert lines(marker_dir, "stubborn.cancelled") == [[str(stubborn), "1"]]
+    job = Job.objects.get(pk=stubborn)
+    assert job.status == JobStatus.CANCELLED
+    [row] = attempts(stubborn)
+    assert row.outcome == AttemptOutcome.CANCELLED
+    # The neighbours died with the slot, were released without an attempt counted, and
+    # ran again: SUCCEEDED at attempt 2 of max_attempts + 1.
+    assert statuses(neighbours) == {JobStatus.SUCCEEDED: 4}
+    for job_id in neighbours:
+        [first] = attempts(job_id)
+        assert first.outcome == AttemptOutcome.COLLATERAL, first.error_message
+        assert f"job {stubborn} (attempt 1) did not end within 1s" in first.error_message
+    assert {j.max_attempts for j in Job.objects.filter(pk__in=neighbours)} == {4}
+    assert Counter(attempt for _, attempt, *_ in lines(marker_dir, "nap.starts")) == {
+        "1": 4,
+        "2": 4,
+    }
+
+
+def test_a_coroutine_that_blocks_the_loop_gets_its_slot_killed(workers, marker_dir: str) -> None:
+    neighbours = [int(tasks_async.nap.enqueue(marker_dir, "nap", 2.0).id) for _ in range(4)]
+    blocker = int(tasks_async.blocks_the_loop.enqueue(marker_dir, "blocker", 60.0).id)
+    worker = workers.start(
+        options={"ASYNC_BLOCKING_LIMIT": 1.0}, args=["--concurrency", "1", "--burst"]
+    )
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    job = Job.objects.get(pk=blocker)
+    assert job.status == JobStatus.FAILED, job.last_error
+    [row] = attempts(blocker)
+    assert row.outcome == AttemptOutcome.KILLED
+    assert "blocked the slot's event loop" in row.error_message, row.error_message
+    assert statuses(neighbours) == {JobStatus.SUCCEEDED: 4}
+    for job_id in neighbours:
+        [first] = attempts(job_id)
+        assert first.outcome == AttemptOutcome.COLLATERAL, first.error_message
+        assert f"job {blocker} (attempt 1) blocked the slot's event loop" in first.error_message
+
+
+@pytest.mark.parametrize("pool", ["process", "thread"])
+def test_hostile_async_outcomes_stay_with_their_job(workers, marker_dir: str, pool: str) -> None:
+    bad = {
+        kind: int(tasks_async.returns.enqueue(kind).id)
+        for kind in ("nul", "unstorable", "keyboard", "exit")
+    }
+    healthy = [int(tasks_async.nap.enqueue(marker_dir, "nap", 0.5).id) for _ in range(10)]
+    worker = workers.start(args=["--pool", pool, "--concurrency", "2", "--burst"])
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    for kind, job_id in bad.items():
+        job = Job.objects.get(pk=job_id)
+        assert job.status == JobStatus.FAILED, (kind, job.status, job.last_error)
+        [row] = attempts(job_id)
+        assert row.outcome == AttemptOutcome.ERROR, (kind, row.outcome)
+    assert "KeyboardInterrupt" in Job.objects.get(pk=bad["keyboard"]).last_error
+    assert "SystemExit" in Job.objects.get(pk=bad["exit"]).last_error
+    assert statuses(healthy) == {JobStatus.SUCCEEDED: 10}
+    assert len(lines(marker_dir, "nap.starts")) == 10
