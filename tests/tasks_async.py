@@ -90,3 +90,42 @@ async def returns(kind: str) -> Any:
     if kind == "exit":
         raise SystemExit(3)
     return "fine"
+
+
+# -- every other feature, for an async job (tests/worker/test_async_features.py) ----------
+
+
+@task(takes_context=True)
+async def reports_progress(context: Any, marker_dir: str) -> str:
+    """Report progress, then wait (on the loop) for the test's go-ahead file."""
+    context.set_progress(0.5, "half way")
+    while not (Path(marker_dir) / "go").exists():
+        await asyncio.sleep(0.02)
+    return "done"
+
+
+@task(takes_context=True, max_attempts=2)
+async def resumes_from_checkpoint(context: Any) -> Any:
+    """Attempt 1 saves a checkpoint and fails; attempt 2 returns what it finds."""
+    if context.attempt == 1:
+        await sync_to_async(context.save_checkpoint)({"step": 1})
+        raise RuntimeError("attempt 1 fails after its checkpoint")
+    return {"attempt": context.attempt, "checkpoint": context.checkpoint}
+
+
+@task(max_attempts=3, dont_retry_on=(ValueError,))
+async def refuses_to_retry() -> None:
+    await asyncio.sleep(0)
+    raise ValueError("not retried: it would fail the same way again")
+
+
+@task(takes_context=True)
+async def sums_its_parents(context: Any) -> int:
+    """A workflow step: the sum of its parents' results (read with the claim)."""
+    await asyncio.sleep(0)
+    return sum(context.parent_results)
+
+
+@task()
+def number(value: int) -> int:
+    return value

@@ -20,6 +20,12 @@ def succeed() -> str:
     return "ok"
 
 
+@task()
+async def succeed_async() -> str:
+    """Runs on a slot's event loop (process pool), one per slot (thread pool)."""
+    return "ok"
+
+
 @task(max_attempts=1)
 def fail() -> None:
     raise ValueError("fails for good")

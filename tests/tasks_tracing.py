@@ -12,6 +12,7 @@ cannot be imported, as if the extra were not installed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -34,6 +35,13 @@ def succeed() -> str:
 @task(max_attempts=1)
 def fail() -> None:
     raise ValueError("fails for good")
+
+
+@task()
+async def succeed_async() -> str:
+    """Runs on a slot's event loop (process pool): its span is current in its own task."""
+    await asyncio.sleep(0)
+    return "ok"
 
 
 def span_record(span: Any) -> dict[str, Any]:

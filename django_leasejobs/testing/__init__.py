@@ -3,7 +3,8 @@
 Run the jobs your code enqueued, in the test's thread and database transaction, through
 the worker's own execution path and fenced writes; assert what was enqueued.
 
-* :func:`run_jobs` runs queued jobs and returns one :class:`JobRun` per attempt;
+* :func:`run_jobs` runs queued jobs and returns one :class:`JobRun` per attempt
+  (:func:`arun_jobs` from an ``async def`` test);
 * :func:`enqueued_jobs`, :func:`assert_enqueued`, :func:`assert_not_enqueued` look at
   the job rows; :func:`assert_workflow` at a workflow's steps;
 * :class:`LeaseJobsKit` bundles them for one backend alias (the pytest fixture
@@ -29,11 +30,12 @@ if TYPE_CHECKING:
         enqueued_jobs,
     )
     from .kit import LeaseJobsKit, LeaseJobsTestMixin
-    from .runner import JobRun, run_jobs
+    from .runner import JobRun, arun_jobs, run_jobs
 
 _WHERE = {
     "JobRun": "runner",
     "run_jobs": "runner",
+    "arun_jobs": "runner",
     "enqueued_jobs": "assertions",
     "assert_enqueued": "assertions",
     "assert_not_enqueued": "assertions",
@@ -47,6 +49,7 @@ __all__ = [
     "JobRun",
     "LeaseJobsKit",
     "LeaseJobsTestMixin",
+    "arun_jobs",
     "assert_enqueued",
     "assert_not_enqueued",
     "assert_workflow",

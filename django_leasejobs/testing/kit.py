@@ -15,7 +15,7 @@ from .assertions import (
     assert_workflow,
     enqueued_jobs,
 )
-from .runner import JobRun, run_jobs
+from .runner import JobRun, arun_jobs, run_jobs
 
 
 class LeaseJobsKit:
@@ -38,6 +38,23 @@ class LeaseJobsKit:
     ) -> list[JobRun]:
         """:func:`django_leasejobs.testing.run_jobs` on this kit's backend."""
         return run_jobs(
+            self.backend,
+            queues=queues,
+            max_jobs=max_jobs,
+            include_scheduled=include_scheduled,
+            worker_id=worker_id,
+        )
+
+    async def arun_jobs(
+        self,
+        *,
+        queues: str | Sequence[str] | None = None,
+        max_jobs: int | None = None,
+        include_scheduled: bool = False,
+        worker_id: str = "test-worker",
+    ) -> list[JobRun]:
+        """:func:`django_leasejobs.testing.arun_jobs` on this kit's backend."""
+        return await arun_jobs(
             self.backend,
             queues=queues,
             max_jobs=max_jobs,

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections, transaction
 from django.db.transaction import TransactionManagementError
 
@@ -141,6 +142,26 @@ def run_jobs(
             break
         runs.append(_run_attempt(claimed[0], lease_backend, worker_id))
     return runs
+
+
+async def arun_jobs(
+    backend: str = "default",
+    *,
+    queues: str | Sequence[str] | None = None,
+    max_jobs: int | None = None,
+    include_scheduled: bool = False,
+    worker_id: str = "test-worker",
+) -> list[JobRun]:
+    """:func:`run_jobs` from an ``async def`` test: run in the thread Django's async ORM
+    uses (``sync_to_async``), so in the test's database transaction; an ``async def``
+    task runs to its end there on an event loop of its own."""
+    return await sync_to_async(run_jobs)(
+        backend,
+        queues=queues,
+        max_jobs=max_jobs,
+        include_scheduled=include_scheduled,
+        worker_id=worker_id,
+    )
 
 
 def _make_due(backend: LeaseJobsBackend, queues: list[str] | None) -> None:

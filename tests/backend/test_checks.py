@@ -117,6 +117,8 @@ def test_silent_on_every_option_set_to_a_valid_value() -> None:
         "RETRY_BACKOFF": {"base": 1, "factor": 3, "cap": 60, "jitter": 0},
         "LOCK_LOST_BEHAVIOR": "sigterm",
         "LOCK_LOST_GRACE": 0,
+        "ASYNC_CONCURRENCY": 500,
+        "ASYNC_BLOCKING_LIMIT": 2.5,
         "POLL_INTERVAL": 0.5,
         "DATABASE": "default",
         "IMPORTS": ["tests.tasks"],
@@ -128,6 +130,7 @@ def test_silent_on_every_option_set_to_a_valid_value() -> None:
     assert config.heartbeat_interval == 20.0
     assert config.max_attempts == 1
     assert config.lock_lost_behavior == "sigterm"
+    assert (config.async_concurrency, config.async_blocking_limit) == (500, 2.5)
     assert config.imports == ("tests.tasks",)
 
 
@@ -187,6 +190,10 @@ def test_e001_unknown_option() -> None:
         ({"DATABASE": 1}, "DATABASE"),
         ({"DATABASE": ""}, "DATABASE"),
         ({"IMPORTS": "tests.tasks"}, "IMPORTS"),
+        ({"ASYNC_CONCURRENCY": 0}, "ASYNC_CONCURRENCY"),
+        ({"ASYNC_CONCURRENCY": 2.5}, "ASYNC_CONCURRENCY"),
+        ({"ASYNC_BLOCKING_LIMIT": 0}, "ASYNC_BLOCKING_LIMIT"),
+        ({"ASYNC_BLOCKING_LIMIT": "5"}, "ASYNC_BLOCKING_LIMIT"),
     ],
 )
 def test_e002_bad_value(options: dict[str, Any], needle: str) -> None:

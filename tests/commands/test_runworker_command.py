@@ -31,6 +31,11 @@ USAGE = "usage: manage.py runworker"
     [
         (["--concurrency", "0"], "argument --concurrency: expected a whole number >= 1", True),
         (["--concurrency", "x"], "argument --concurrency: expected a whole number, got 'x'", True),
+        (
+            ["--async-concurrency", "0"],
+            "argument --async-concurrency: expected a whole number >= 1",
+            True,
+        ),
         (["--pool", "bogus"], "argument --pool: invalid choice: 'bogus'", True),
         (["--queues", ""], "argument --queues: expected one or more queue names", True),
         (["--queues", " , "], "argument --queues: expected one or more queue names", True),
@@ -54,6 +59,7 @@ USAGE = "usage: manage.py runworker"
     ids=[
         "concurrency-0",
         "concurrency-x",
+        "async-concurrency-0",
         "pool-bogus",
         "queues-empty",
         "queues-blank",

@@ -78,6 +78,7 @@ def scrape(port: int) -> Samples:
 
 def enqueue_mix(pool: str) -> int:
     jobs = [tasks_metrics.succeed.enqueue() for _ in range(6)]
+    jobs += [tasks_metrics.succeed_async.enqueue() for _ in range(2)]
     jobs += [tasks_metrics.fail.enqueue() for _ in range(2)]
     jobs += [tasks_metrics.fail_then_succeed.enqueue() for _ in range(3)]
     jobs.append(tasks_metrics.lose_lease_then_succeed.enqueue(4.0))

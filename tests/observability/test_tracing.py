@@ -60,13 +60,14 @@ def otel_absent(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def enqueue_every_path() -> list[int]:
     """One job per enqueue path this database has: single and bulk, keyed (ORM) and not
-    (PostgreSQL: insert_job and COPY)."""
+    (PostgreSQL: insert_job and COPY); and an ``async def`` job."""
     backend = task_backends["default"]
     succeed = tasks_tracing.succeed
     ids = [
         int(succeed.enqueue().id),
         int(succeed.using(key="traced-key").enqueue().id),
         int(tasks_tracing.fail.enqueue().id),
+        int(tasks_tracing.succeed_async.enqueue().id),
     ]
     bulk = backend.bulk_enqueue([(succeed, [], {}), (succeed, [], {})])
     keyed = backend.bulk_enqueue([(succeed, [], {}), (succeed.using(key="bulk-key"), [], {})])

@@ -18,7 +18,7 @@ from django_leasejobs import leases, task
 from django_leasejobs.compat import task_finished, task_started
 from django_leasejobs.leases import CancelResult, LeaseLost
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
-from django_leasejobs.testing import JobRun, LeaseJobsTestMixin, run_jobs
+from django_leasejobs.testing import JobRun, LeaseJobsTestMixin, arun_jobs, run_jobs
 from django_leasejobs.worker.execution import JobContext
 from tests import tasks_testing_kit as kit_tasks
 
@@ -267,6 +267,16 @@ class RunJobsTests(LeaseJobsTestMixin, TestCase):
         self.assertEqual((run.status, run.result), ("succeeded", {"value": 42, "attempt": 1}))
         job = Job.objects.get(pk=result.id)
         self.assertEqual((job.progress, job.checkpoint), (1.0, {"value": 21}))  # NULL unreported
+
+    async def test_async_task_from_an_async_test(self) -> None:
+        """``arun_jobs`` from an ``async def`` test runs in the test's transaction (the
+        thread Django's async ORM uses) and takes the async job to its end."""
+        result = await kit_tasks.async_double.aenqueue(4)
+        [run] = await arun_jobs()
+        self.assertEqual((run.status, run.result), ("succeeded", {"value": 8, "attempt": 1}))
+        job = await Job.objects.aget(pk=result.id)
+        self.assertEqual((job.status, job.checkpoint), (JobStatus.SUCCEEDED, {"value": 4}))
+        self.assertEqual(await self.leasejobs_kit.arun_jobs(), [])  # nothing left to run
 
     def test_django_tasks_signals(self) -> None:
         seen: list[tuple[str, str, str]] = []

@@ -182,3 +182,18 @@ def test_hostile_async_outcomes_stay_with_their_job(workers, marker_dir: str, po
     assert "SystemExit" in Job.objects.get(pk=bad["exit"]).last_error
     assert statuses(healthy) == {JobStatus.SUCCEEDED: 10}
     assert len(lines(marker_dir, "nap.starts")) == 10
+
+
+def test_shutdown_cancels_async_jobs_and_releases_them(workers, marker_dir: str) -> None:
+    """A stop signal waits for running jobs up to --shutdown-timeout; then each async job
+    gets CancelledError and is released (pending again, its attempt row ``released``)."""
+    ids = [int(tasks_async.until_cancelled.enqueue(marker_dir, "held").id) for _ in range(3)]
+    worker = workers.start(args=["--concurrency", "1", "--shutdown-timeout", "1"])
+    wait_until(lambda: len(lines(marker_dir, "held.starts")) == 3, 30, what="three starts")
+    worker.terminate()
+    assert worker.wait(timeout=60) == 0, worker.output
+    assert sorted(int(job) for job, _ in lines(marker_dir, "held.cancelled")) == sorted(ids)
+    assert statuses(ids) == {JobStatus.PENDING: 3}
+    assert set(JobAttempt.objects.filter(job_id__in=ids).values_list("outcome", flat=True)) == {
+        AttemptOutcome.RELEASED
+    }
