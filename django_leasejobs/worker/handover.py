@@ -55,7 +55,7 @@ class Handover:
         self.loops = pool.kind == "process"
         """``async def`` jobs run at once on the slots' event loops (process pool)."""
         self.loop_jobs_seen = False
-        """Such a job was claimed: hand-overs sort the waiting jobs by kind from now on."""
+        """Such a job was claimed: claims count the room on the slots' event loops."""
 
     # -- claimed jobs in, to slots ------------------------------------------------------
 
@@ -98,7 +98,7 @@ class Handover:
         self._route_stopped_heads()
         if not ready:
             return
-        if self.loop_jobs_seen:
+        if ready[0].on_loop or self.dispatcher.loop_share > 0:
             self._dispatch_by_kind()
             return
         rooms = self.pool.rooms(self.dispatcher.pipeline_depth(len(ready)))
@@ -120,10 +120,12 @@ class Handover:
                 return
 
     def _dispatch_by_kind(self) -> None:
-        """Hand waiting jobs over when ``async def`` jobs come among them: each of those
-        to the least busy event loop with room (or an idle slot), each other one alone
-        to an idle slot; in order, a job that finds no room leaving its place to the
-        next job."""
+        """Hand waiting jobs over while ``async def`` jobs come (one is first in line, or
+        the last claim brought some): each of those to the least busy event loop with
+        room (or an idle slot), each other one alone to an idle slot; in order, a job
+        that finds no room leaving its place to the next job. (Otherwise ``dispatch``
+        hands ordinary jobs over as before, short ones several to a slot, and stops at
+        an async one.)"""
         ready = self.book.ready
         loop_room = {room.slot: room.jobs for room in self.pool.loop_rooms()}
         idle = [room.slot for room in self.pool.rooms(1)]
@@ -186,6 +188,8 @@ class Handover:
             if not ready:
                 break
             running = ready[0]
+            if running.on_loop:  # (the next dispatch hands it to an event loop)
+                break
             if running.job.timeout is not None and (specs or not room.idle):
                 break
             ready.popleft()
@@ -340,7 +344,9 @@ class Handover:
             # lost lease is still safe: the fence rejects the write.)
             self.recorder.record(running, event)
             return
-        if event.collateral_of is not None:
+        if running.stop_reason is not None:  # stopped itself: that ending, whoever's fault
+            self._stopped(running, event.exit_description)
+        elif event.collateral_of is not None:
             (job_id, attempt), why = event.collateral_of
             self.reporter.collateral(running, (job_id, attempt), why)
             self.recorder.record(
@@ -351,8 +357,6 @@ class Handover:
                     "released to run again, no attempt counted",
                 ),
             )
-        elif running.stop_reason is not None:
-            self._stopped(running, event.exit_description)
         else:
             self.recorder.record(running, Ending("killed", event.exit_description))
 

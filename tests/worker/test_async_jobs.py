@@ -16,6 +16,7 @@ import pytest
 
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
 from tests import tasks_async
+from tests.tasks_worker import record
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -197,3 +198,20 @@ def test_shutdown_cancels_async_jobs_and_releases_them(workers, marker_dir: str)
     assert set(JobAttempt.objects.filter(job_id__in=ids).values_list("outcome", flat=True)) == {
         AttemptOutcome.RELEASED
     }
+
+
+def test_async_and_ordinary_jobs_mixed_each_run_once(workers, marker_dir: str) -> None:
+    """Interleaved kinds: async ones share the slots' loops, ordinary ones take a slot
+    each (a slot never holds both); every job succeeds once, at attempt 1."""
+    ids: list[int] = []
+    for index in range(60):
+        if index % 3:
+            ids.append(int(tasks_async.nap.enqueue(marker_dir, "nap", 0.2).id))
+        else:
+            ids.append(int(record.enqueue(marker_dir, "plain").id))
+    worker = workers.start(args=["--concurrency", "2", "--burst"])
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    assert statuses(ids) == {JobStatus.SUCCEEDED: 60}
+    assert set(Job.objects.filter(pk__in=ids).values_list("attempt", flat=True)) == {1}
+    assert len(lines(marker_dir, "nap.starts")) == 40
+    assert len(lines(marker_dir, "plain.runs")) == 20
