@@ -21,10 +21,12 @@ from typing import Literal
 from django.db import connections
 
 from ..child import (
+    BLAME_AFTER,
     BLAMED_ATTEMPT,
     BLAMED_JOB,
     LIMIT,
     LOOP_NS,
+    LOOP_TICK,
     MSG_CANCEL,
     MSG_EXPIRED,
     MSG_OUTCOME,
@@ -512,6 +514,8 @@ class ProcessPool:
             nearest = min(slot.cancels.values(), default=math.inf) - now
             return max(0.0, min(LOOP_LOOK, self.async_blocking_limit - blocked, nearest))
         job, attempt = int(values[BLAMED_JOB]), int(values[BLAMED_ATTEMPT])
+        if not job and blocked <= self.async_blocking_limit + 2 * BLAME_AFTER:
+            return LOOP_TICK  # its monitor names the job soon (a limit below BLAME_AFTER)
         if job:
             slot.culprit = (
                 (job, attempt),
