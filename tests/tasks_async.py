@@ -15,13 +15,7 @@ from asgiref.sync import sync_to_async
 
 from django_leasejobs import task
 from django_leasejobs.models import Job
-
-
-def _mark(marker_dir: str, name: str, text: str) -> None:
-    with open(Path(marker_dir) / name, "a") as handle:
-        handle.write(text + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+from tests.tasks_worker import _mark
 
 
 @task(takes_context=True)
