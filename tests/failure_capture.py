@@ -26,7 +26,7 @@ from django_leasejobs.signals import job_failed
 CAPTURE_FILE_ENV = "LEASEJOBS_TEST_FAILURE_CAPTURE"
 
 
-@task(max_attempts=2, retry_backoff={"base": 0, "jitter": 0})
+@task(max_attempts=2, backoff={"base": 0, "jitter": 0})
 def raise_huge_message() -> None:
     raise ValueError("x" * 1_000_000)
 

@@ -17,7 +17,7 @@ from django_leasejobs.compat import task_finished, task_started
 ONCE = {"max_attempts": 1}
 
 
-@task(max_attempts=2, retry_backoff={"base": 0, "jitter": 0})
+@task(max_attempts=2, backoff={"base": 0, "jitter": 0})
 def fails_twice(message: str) -> None:
     raise ValueError(message)
 

@@ -37,7 +37,7 @@ def low_priority_work(label: str) -> str:
     return label
 
 
-@task(takes_context=True, max_attempts=3, retry_backoff=A_MINUTE)
+@task(takes_context=True, max_attempts=3, backoff=A_MINUTE)
 def flaky(context: JobContext, failures: int) -> dict[str, Any]:
     """Fails its first ``failures`` attempts."""
     if context.attempt <= failures:
@@ -45,12 +45,12 @@ def flaky(context: JobContext, failures: int) -> dict[str, Any]:
     return {"attempt": context.attempt, "job_id": context.job_id}
 
 
-@task(max_attempts=3, dont_retry_on=(ValueError,), retry_backoff=A_MINUTE)
+@task(max_attempts=3, dont_retry_on=(ValueError,), backoff=A_MINUTE)
 def rejects_input(value: str) -> None:
     raise ValueError(f"bad value {value!r}")
 
 
-@task(max_attempts=3, retry_on=(Transient,), retry_backoff=A_MINUTE)
+@task(max_attempts=3, retry_on=(Transient,), backoff=A_MINUTE)
 def retried_on_transient(kind: str) -> None:
     raise Transient(kind) if kind == "transient" else KeyError(kind)
 
@@ -74,7 +74,7 @@ def reports_progress(context: JobContext, steps: int, fail: bool = False) -> int
     return steps
 
 
-@task(takes_context=True, max_attempts=2, retry_backoff=A_MINUTE)
+@task(takes_context=True, max_attempts=2, backoff=A_MINUTE)
 def resumes_from_checkpoint(context: JobContext) -> dict[str, Any]:
     start = (context.checkpoint or {}).get("row", 0)
     SEEN.setdefault(context.job_id, {})[f"attempt {context.attempt}"] = start
@@ -96,13 +96,13 @@ def cancelled_while_running(context: JobContext) -> str:
     return "finished anyway"
 
 
-@task(takes_context=True, max_attempts=3, retry_backoff=A_MINUTE)
+@task(takes_context=True, max_attempts=3, backoff=A_MINUTE)
 def cancelled_then_fails(context: JobContext) -> None:
     leases.cancel(context.job_id)
     raise Transient("failed after a cancel was requested")
 
 
-@task(timeout=0.01, max_attempts=2, retry_backoff=A_MINUTE)
+@task(timeout=0.01, max_attempts=2, backoff=A_MINUTE)
 def overruns_timeout() -> str:
     time.sleep(0.05)  # the work itself: longer than the task's timeout
     return "too late"
@@ -114,7 +114,7 @@ def enqueues_follow_up(value: int) -> int:
     return value
 
 
-@task(takes_context=True, max_attempts=2, retry_backoff=A_MINUTE)
+@task(takes_context=True, max_attempts=2, backoff=A_MINUTE)
 def breaks_the_transaction(context: JobContext, username: str) -> None:
     """An IntegrityError the task does not handle in an atomic block of its own: inside a
     TestCase it leaves the test's transaction unusable."""

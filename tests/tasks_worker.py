@@ -63,7 +63,7 @@ def handle_sigterm(context: Any, marker_dir: str, name: str, ignore: bool) -> st
     return "finished"
 
 
-@task(takes_context=True, max_attempts=2, retry_backoff={"base": 0, "jitter": 0})
+@task(takes_context=True, max_attempts=2, backoff={"base": 0, "jitter": 0})
 def crash_own_process(context: Any, marker_dir: str, name: str) -> None:
     """A poison pill that kills its own process."""
     _mark(marker_dir, f"{name}.runs", f"{context.attempt} {os.getpid()}")

@@ -14,7 +14,7 @@ from django_leasejobs import task
 
 # Poison fails on its first attempt when it raises: two attempts show the retry path works
 # too, without making the tests slow.
-POISON = {"max_attempts": 2, "retry_backoff": {"base": 0, "jitter": 0}}
+POISON = {"max_attempts": 2, "backoff": {"base": 0, "jitter": 0}}
 
 
 @task(**POISON)
