@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
@@ -829,6 +830,27 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
         if job is None:
             raise TaskResultDoesNotExist(result_id)
         return self.result_from_job(job)
+
+    # ------------------------------------------------------------------ from async code
+    # Each runs its sync twin with sync_to_async(thread_sensitive=True), as Django's async
+    # ORM runs a query: the event loop only awaits, and the database work happens in the
+    # thread that runs the current request's sync code, on that thread's connection and
+    # in its transaction, if it has one. Errors are the sync twin's. Why this and not a
+    # thread pool: docs/concepts.md, "From async code".
+
+    async def aenqueue(
+        self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> TaskResult:
+        """:meth:`enqueue` from async code, off the event loop."""
+        return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
+
+    async def aget_result(self, result_id: str) -> TaskResult:
+        """:meth:`get_result` from async code, off the event loop."""
+        return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
+
+    async def aget_workflow(self, workflow_id: str | int) -> WorkflowResult:
+        """:meth:`get_workflow` from async code, off the event loop."""
+        return await sync_to_async(self.get_workflow, thread_sensitive=True)(workflow_id)
 
     # ------------------------------------------------------------------ mapping
 

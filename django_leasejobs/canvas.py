@@ -61,8 +61,11 @@ class Canvas:
         return result
 
     async def aenqueue(self) -> WorkflowResult:
-        """:meth:`enqueue` from async code."""
-        return await sync_to_async(self.enqueue)()
+        """:meth:`enqueue` from async code: the write runs off the event loop, in the
+        thread Django gives the sync code of the current request (``thread_sensitive``,
+        as the async ORM): inside sync code under ``atomic()`` that calls it through
+        ``async_to_sync``, in that transaction; in an async view, committed on return."""
+        return await sync_to_async(self.enqueue, thread_sensitive=True)()
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,8 @@ class LeaseTaskResult(TaskResult):  # type: ignore[misc]
         self._copy(self.task.get_backend().get_result(self.id))
 
     async def arefresh(self) -> None:
+        """:meth:`refresh` from async code: the query runs off the event loop (the
+        backend's ``aget_result``)."""
         self._copy(await self.task.get_backend().aget_result(self.id))
 
     def _copy(self, fresh: TaskResult) -> None:

@@ -45,7 +45,9 @@ class WorkflowResult:
         self.status, self.steps = fresh.status, fresh.steps
 
     async def arefresh(self) -> None:
-        await sync_to_async(self.refresh)()
+        """:meth:`refresh` from async code: the queries run off the event loop, in the
+        thread Django gives the sync code of the current request (``thread_sensitive``)."""
+        await sync_to_async(self.refresh, thread_sensitive=True)()
 
 
 def read_workflow(backend: str, workflow_id: str | int) -> WorkflowResult:

@@ -204,3 +204,28 @@ def terminal_signals_default() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGHUP, previous_hup)
         signal.signal(signal.SIGINT, previous_int)
+
+
+@pytest.fixture
+def nothing_stored() -> Iterator[None]:
+    """The test must leave the job and workflow tables and the enqueue signals as they
+    were (a test with database access)."""
+    from django_leasejobs.compat import task_enqueued
+    from django_leasejobs.models import Job, Workflow
+    from django_leasejobs.signals import job_enqueued
+
+    sent: list[Any] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        sent.append(kwargs)
+
+    before = (Job.objects.count(), Workflow.objects.count())
+    job_enqueued.connect(receiver, weak=False)
+    task_enqueued.connect(receiver, weak=False)
+    try:
+        yield
+    finally:
+        job_enqueued.disconnect(receiver)
+        task_enqueued.disconnect(receiver)
+    assert (Job.objects.count(), Workflow.objects.count()) == before
+    assert sent == []

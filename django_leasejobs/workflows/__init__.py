@@ -12,6 +12,8 @@ the write that records the last parent's success releases it, in the same transa
 
 from __future__ import annotations
 
+from asgiref.sync import sync_to_async
+
 from ..canvas import Canvas, Chain, Chord, Group, Step, chain, chord, group, step
 from ..compat import DEFAULT_TASK_BACKEND_ALIAS
 from ..exceptions import ParentFailed, WorkflowDoesNotExist
@@ -31,6 +33,7 @@ __all__ = [
     "WorkflowCancel",
     "WorkflowDoesNotExist",
     "WorkflowResult",
+    "aget_workflow",
     "cancel_workflow",
     "chain",
     "chord",
@@ -47,6 +50,13 @@ def get_workflow(
     """The workflow ``workflow_id`` of ``backend`` with every step's TaskResult;
     :class:`WorkflowDoesNotExist` when there is none."""
     return read_workflow(backend, workflow_id)
+
+
+async def aget_workflow(
+    workflow_id: str | int, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS
+) -> WorkflowResult:
+    """:func:`get_workflow` from async code: the queries run off the event loop."""
+    return await sync_to_async(read_workflow, thread_sensitive=True)(backend, workflow_id)
 
 
 def cancel_workflow(

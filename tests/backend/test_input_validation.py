@@ -10,7 +10,7 @@ task: when it is declared or copied with ``.using()`` (and again at enqueue).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
@@ -21,13 +21,12 @@ from django.db import DatabaseError, connection, transaction
 from django.test import override_settings
 
 from django_leasejobs.backend import LeaseJobsBackend
-from django_leasejobs.compat import InvalidTask, task_backends, task_enqueued
+from django_leasejobs.compat import InvalidTask, task_backends
 from django_leasejobs.compat import task as django_decorator
 from django_leasejobs.exceptions import InvalidTaskArguments
 from django_leasejobs.lease_task import task as leasejobs_task
 from django_leasejobs.models import Job
 from django_leasejobs.serialization import MAX_DEPTH, MAX_INT_DIGITS, depth_limits, json_value
-from django_leasejobs.signals import job_enqueued
 from tests import tasks
 from tests.tasks import add, configured
 
@@ -59,26 +58,6 @@ def circular_list() -> list[Any]:
     outer: list[Any] = [0, {"items": inner}]
     inner.append(outer)
     return outer
-
-
-@pytest.fixture
-def nothing_stored() -> Iterator[None]:
-    """The test must leave the job table and the enqueue signals as they were."""
-    sent: list[Any] = []
-
-    def receiver(sender: Any, **kwargs: Any) -> None:
-        sent.append(kwargs)
-
-    before = Job.objects.count()
-    job_enqueued.connect(receiver, weak=False)
-    task_enqueued.connect(receiver, weak=False)
-    try:
-        yield
-    finally:
-        job_enqueued.disconnect(receiver)
-        task_enqueued.disconnect(receiver)
-    assert Job.objects.count() == before
-    assert sent == []
 
 
 # --------------------------------------------------------------------------- arguments
