@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 import signal
 import struct
 import threading
@@ -58,9 +59,9 @@ RING_BEFORE_BYTES = 16 * 1024
 """A message this large rings the bell once its length is written, before the rest: the
 pipe may fill up, and the parent must come and read it."""
 
-STARTED, LIMIT, START_NS, SEEN, LOOP_NS, BLAMED_JOB, BLAMED_ATTEMPT = range(7)
+STARTED, LIMIT, START_NS, SEEN, LOOP_NS, BLOCKED_NS, BLAMED_JOB, BLAMED_ATTEMPT = range(8)
 """Indexes into :attr:`SlotState.values`."""
-SLOT_VALUES = 7
+SLOT_VALUES = 8
 
 MSG_CANCEL = "cancel"
 """Parent -> child: ``(MSG_CANCEL, lease)``, deliver ``CancelledError`` to that job's
@@ -68,10 +69,10 @@ coroutine. (Every other parent -> child message is a batch of jobs, or None: lea
 
 LOOP_TICK = 0.05
 """How often a slot's event loop marks that it runs (``values[LOOP_NS]``), and its
-monitor looks: a loop whose mark is older than ``BLAME_AFTER`` is blocked, and the
-monitor names the job whose step blocks it (``values[BLAMED_JOB]``, ``BLAMED_ATTEMPT``)
-for the parent, which kills the slot once the block passes ``ASYNC_BLOCKING_LIMIT``."""
-BLAME_AFTER = 4 * LOOP_TICK
+monitor looks: a loop that did not mark since the monitor's last look is held, for as
+long as the monitor saw (``values[BLOCKED_NS]``), by the job it names
+(``values[BLAMED_JOB]``, ``BLAMED_ATTEMPT``); the parent kills the slot once that passes
+``ASYNC_BLOCKING_LIMIT``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +87,9 @@ class SlotState:
     child may start (the parent lowers it to take queued jobs back, and raises it again
     for new jobs only once the child has passed every job taken back: a job taken back
     never starts). Both sides write them only while holding ``lock``. The event loop's
-    mark (``values[LOOP_NS]``) and the job it blames (``values[BLAMED_JOB]``,
-    ``values[BLAMED_ATTEMPT]``; 0: none) are written by the child alone, without it.
+    mark (``values[LOOP_NS]``), how long it has been held (``values[BLOCKED_NS]``) and
+    by which job (``values[BLAMED_JOB]``, ``values[BLAMED_ATTEMPT]``; 0: none) are
+    written by the child alone, without it.
     """
 
     lock: Any  # multiprocessing.synchronize.Lock (fork context)
@@ -138,16 +140,23 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
 class SlotLoop:
     """The event loop of a slot's child, in a thread of its own (started with the first
     ``async def`` job): runs the jobs it is given at once, each in an asyncio task named
-    after its lease, sends each outcome as it ends, and delivers ``CancelledError`` to a
-    job the parent stops. A monitor thread names the job whose step blocks the loop."""
+    after its lease, and delivers ``CancelledError`` to a job the parent stops.
+
+    Outcomes and progress go to a sender thread, which writes them to the pipe: the loop
+    never waits on a parent slow to read. A monitor thread measures how long the loop
+    has been held (``values[BLOCKED_NS]``) and names the job whose step holds it."""
 
     def __init__(self, state: SlotState, send: Callable[[Any], None]) -> None:
         self.state = state
-        self.send = send
         self.loop = asyncio.new_event_loop()
         self.tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
-        threading.Thread(target=self._run, name="leasejobs-loop", daemon=True).start()
-        threading.Thread(target=self._monitor, name="leasejobs-loop-monitor", daemon=True).start()
+        self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for target, name in (
+            (self._run, "leasejobs-loop"),
+            (self._monitor, "leasejobs-loop-monitor"),
+            (lambda: self._send_all(send), "leasejobs-loop-sender"),
+        ):
+            threading.Thread(target=target, name=name, daemon=True).start()
 
     def start(self, spec: JobSpec) -> None:
         self.loop.call_soon_threadsafe(self._start, spec)
@@ -161,24 +170,39 @@ class SlotLoop:
         self.loop.run_forever()
 
     def _tick(self) -> None:
-        values = self.state.values
-        values[LOOP_NS] = time.monotonic_ns()
-        values[BLAMED_JOB] = values[BLAMED_ATTEMPT] = 0
+        self.state.values[LOOP_NS] = time.monotonic_ns()
         self.loop.call_later(LOOP_TICK, self._tick)
 
+    def _send_all(self, send: Callable[[Any], None]) -> None:
+        while True:
+            send(self.outbox.get())
+
     def _monitor(self) -> None:
+        """Every ``LOOP_TICK``: if the loop did not tick since the last look, add the time
+        since then (at most two ticks: a process the machine did not run for a while
+        holds no loop) to ``BLOCKED_NS``, and blame the task whose step runs; else
+        clear both."""
         values = self.state.values
+        tick_ns = int(LOOP_TICK * 1e9)
+        last_mark, last_look, blocked = values[LOOP_NS], time.monotonic_ns(), 0
         while True:
             time.sleep(LOOP_TICK)
-            if time.monotonic_ns() - values[LOOP_NS] < BLAME_AFTER * 1e9 or values[BLAMED_JOB]:
-                continue
-            # Read from this thread: the task whose step runs now (it cannot change while
-            # the loop is blocked in it).
-            current = asyncio.current_task(self.loop)
-            lease = _lease_of(current.get_name()) if current is not None else None
-            if lease is not None:
-                values[BLAMED_ATTEMPT] = lease[1]
-                values[BLAMED_JOB] = lease[0]
+            now, mark = time.monotonic_ns(), values[LOOP_NS]
+            if mark != last_mark:
+                last_mark, blocked = mark, 0
+                values[BLOCKED_NS] = values[BLAMED_JOB] = values[BLAMED_ATTEMPT] = 0
+            else:
+                blocked += min(now - last_look, 2 * tick_ns)
+                if not values[BLAMED_JOB]:
+                    # Read from this thread: the task whose step runs now (it cannot
+                    # change while the loop is held in it).
+                    current = asyncio.current_task(self.loop)
+                    lease = _lease_of(current.get_name()) if current is not None else None
+                    if lease is not None:
+                        values[BLAMED_ATTEMPT] = lease[1]
+                        values[BLAMED_JOB] = lease[0]
+                values[BLOCKED_NS] = blocked
+            last_look = now
 
     def _start(self, spec: JobSpec) -> None:
         lease = spec.job.lease
@@ -192,13 +216,13 @@ class SlotLoop:
 
     async def _job(self, spec: JobSpec) -> None:
         def progress(lease: tuple[int, int], fraction: float | None, text: str | None) -> None:
-            self.send((MSG_PROGRESS, lease, fraction, text))
+            self.outbox.put((MSG_PROGRESS, lease, fraction, text))
 
         with contextlib.suppress(Exception):  # (a broken connection: the job reports it)
             await sync_to_async(close_old_connections)()
         outcome = await execute_async(spec, progress_sink=progress)
         self.tasks.pop(spec.job.lease, None)
-        self.send((MSG_OUTCOME, outcome))
+        self.outbox.put((MSG_OUTCOME, outcome))
 
 
 TASK_NAME_PREFIX = "leasejobs-job:"

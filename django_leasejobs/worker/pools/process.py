@@ -21,12 +21,10 @@ from typing import Literal
 from django.db import connections
 
 from ..child import (
-    BLAME_AFTER,
     BLAMED_ATTEMPT,
     BLAMED_JOB,
+    BLOCKED_NS,
     LIMIT,
-    LOOP_NS,
-    LOOP_TICK,
     MSG_CANCEL,
     MSG_EXPIRED,
     MSG_OUTCOME,
@@ -434,23 +432,25 @@ class ProcessPool:
                 if seq > started:
                     self._retract_after(slot, seq - 1)
                     return "retracted"
-                if slot.on_loop:
-                    return self._stop_on_loop(slot, lease, lease_lost=lease_lost)
-                if seq < started:
-                    return "none"  # it ended: its outcome is on the way
-                # It runs (or just ended): nothing queued behind it starts here.
-                self._retract_after(slot, seq)
-                if graceful and self.lock_lost_behavior == "sigterm":
-                    if slot.term_sent_at is None:
-                        slot.term_sent_at = time.monotonic()
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(slot.pid, signal.SIGTERM)
-                else:
-                    self._signal_group(slot, signal.SIGKILL)
-            return "killing"
+                if not slot.on_loop:
+                    if seq < started:
+                        return "none"  # it ended: its outcome is on the way
+                    # It runs (or just ended): nothing queued behind it starts here.
+                    self._retract_after(slot, seq)
+                    if graceful and self.lock_lost_behavior == "sigterm":
+                        if slot.term_sent_at is None:
+                            slot.term_sent_at = time.monotonic()
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(slot.pid, signal.SIGTERM)
+                    else:
+                        self._signal_group(slot, signal.SIGKILL)
+                    return "killing"
+            # Out of the child's lock: a cancel waiting on a full pipe must not keep the
+            # child from taking it (and reading the pipe).
+            return self._stop_on_loop(slot, lease, lease_lost=lease_lost)
 
     def _stop_on_loop(self, slot: ProcessSlot, lease: Lease, *, lease_lost: bool) -> StopAction:
-        """Stop a job that runs on ``slot``'s event loop (the slot's lock held)."""
+        """Stop a job that runs on ``slot``'s event loop."""
         if slot.killed or lease in slot.cancels:
             return "killing"
         if lease_lost and self.lock_lost_behavior != "sigterm":
@@ -494,7 +494,7 @@ class ProcessPool:
 
     def _watch_loop(self, slot: ProcessSlot, now: float) -> float:
         """Kill ``slot`` if a job blocks its event loop past ``async_blocking_limit``, or a
-        job sent a cancel outlived its grace; seconds until the next look (the slot's
+        job sent a cancel outlived its grace; seconds until the next look (the pool's
         lock held)."""
         for lease, due in slot.cancels.items():
             if due <= now:
@@ -506,16 +506,11 @@ class ProcessPool:
                 self._signal_group(slot, signal.SIGKILL)
                 return 0.0
         values = slot.state.values
-        mark = int(values[LOOP_NS])
-        if mark == 0:  # the loop has not ticked yet (it starts with the first job)
-            return LOOP_LOOK
-        blocked = now - mark / 1e9
+        blocked = int(values[BLOCKED_NS]) / 1e9
         if blocked <= self.async_blocking_limit:
             nearest = min(slot.cancels.values(), default=math.inf) - now
             return max(0.0, min(LOOP_LOOK, self.async_blocking_limit - blocked, nearest))
         job, attempt = int(values[BLAMED_JOB]), int(values[BLAMED_ATTEMPT])
-        if not job and blocked <= self.async_blocking_limit + 2 * BLAME_AFTER:
-            return LOOP_TICK  # its monitor names the job soon (a limit below BLAME_AFTER)
         if job:
             slot.culprit = (
                 (job, attempt),
