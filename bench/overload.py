@@ -23,7 +23,9 @@ to and from the database, that every job ran exactly once. What it does:
    ``testproject/manage.py``, and ``<db-name>_load``, the scratch database of the load;
 2. enqueues ``--jobs`` jobs of the shim's ``record`` task (``bench/shim.py``) with the
    backend's ``bulk_enqueue``: each run appends ``"<job id> <attempt>\\n"`` to the run
-   file with one ``os.write`` (``O_APPEND``), then sleeps ``--job-ms``;
+   file with one ``os.write`` (``O_APPEND``), then sleeps ``--job-ms``; with
+   ``--async-share F``, that share of them (spread evenly) are of ``arecord``, the same as
+   an ``async def`` task, which the slots run at once on their event loops;
 3. starts the load, each process in its own session with a deadline of its own:
    ``--hogs`` CPU hogs (pure-Python busy loops) and ``--db-load`` clients of short write
    transactions against the scratch database: ``pgbench`` (TPC-B-like, scale = clients,
@@ -128,18 +130,33 @@ import django
 
 django.setup()
 from django_leasejobs.compat import task_backends
-from overload_bench_tasks import record
+from overload_bench_tasks import arecord, record
 
-count, ms = int(sys.argv[1]), float(sys.argv[2])
+count, ms, async_share = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 backend = task_backends["default"]
+kinds = [
+    arecord if int((i + 1) * async_share) > int(i * async_share) else record
+    for i in range(count)
+]
 for start in range(0, count, 5000):
-    backend.bulk_enqueue([(record, (), {"ms": ms})] * min(5000, count - start))
+    backend.bulk_enqueue([(kind, (), {"ms": ms}) for kind in kinds[start : start + 5000]])
 """
 
 WHERE_FROM = "import django_leasejobs, os; print(os.path.dirname(django_leasejobs.__file__))"
 
 
 # -- pure parts: options, runs, verdict, log counts, tables -------------------------------
+
+
+def share(text: str) -> float:
+    """An argparse type: a fraction from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pool", choices=("process", "thread"), default="process")
     parser.add_argument("--jobs", type=int, default=None, help="jobs (20,000; smoke 10,000)")
     parser.add_argument("--job-ms", type=float, default=0.0, help="each job sleeps this long")
+    parser.add_argument(
+        "--async-share",
+        type=share,
+        default=0.0,
+        help="this share of the jobs (0 to 1, spread evenly) are async def ones, run on the "
+        "slots' event loops (0)",
+    )
     parser.add_argument("--lease", type=float, default=4.0, help="LEASE_DURATION (4 s)")
     parser.add_argument("--heartbeat", type=float, default=1.0, help="HEARTBEAT_INTERVAL (1 s)")
     parser.add_argument(
@@ -1058,7 +1082,14 @@ class Run:
         subprocess.run([sys.executable, str(manage), "migrate", "-v0"], env=env, check=True)
         started = time.monotonic()
         subprocess.run(
-            [sys.executable, "-c", ENQUEUE, str(args.jobs), str(args.job_ms)],
+            [
+                sys.executable,
+                "-c",
+                ENQUEUE,
+                str(args.jobs),
+                str(args.job_ms),
+                str(args.async_share),
+            ],
             env=env,
             cwd=str(repo),
             check=True,
@@ -1224,6 +1255,7 @@ class Run:
                 "pool": args.pool,
                 "jobs": args.jobs,
                 "job_ms": args.job_ms,
+                "async_share": args.async_share,
                 "options": worker_options(args),
                 "hogs": args.hogs,
                 "db_load": args.db_load,

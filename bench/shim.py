@@ -58,6 +58,7 @@ if _INFO_STARTS:
 """
 
 TASKS = """\
+import asyncio
 import os
 import time
 
@@ -83,6 +84,19 @@ def record(context, ms=0):
     os.write(_runs, f"{context.task_result.id} {context.attempt}\\n".encode())
     if ms:
         time.sleep(ms / 1000)
+    return None
+
+
+@task(takes_context=True)
+async def arecord(context, ms=0):
+    \"\"\"``record`` as an ``async def`` task: it runs on a slot's event loop, beside others.\"\"\"
+    global _runs
+    if _runs is None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        _runs = os.open(os.environ["LEASEJOBS_BENCH_RUNS"], flags, 0o644)
+    os.write(_runs, f"{context.task_result.id} {context.attempt}\\n".encode())
+    if ms:
+        await asyncio.sleep(ms / 1000)
     return None
 """
 
