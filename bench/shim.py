@@ -34,6 +34,9 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         "django_leasejobs": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        # Django 6's own task logger sits under "django" (INFO in Django's defaults): two
+        # INFO lines per job would reach the root's handler.
+        "django.tasks": {"level": "WARNING"},
     },
 }
 TASKS["default"]["OPTIONS"]["SCHEDULES"] = {}  # noqa: F405
