@@ -516,6 +516,22 @@ def bench_smoke(ctx: Context) -> int:
     return run(["scripts/bench", "--smoke", "--output", ctx.work / "bench-smoke.json"], env=env)
 
 
+# Async jobs (300 async def jobs on two slots' event loops, 6 sync ones, and procrastinate's
+# async worker on the same private PostgreSQL; the bench virtualenv has procrastinate):
+# fails when a job was lost or ran twice, never on speed (docs/benchmarks.md#async-jobs).
+@step(
+    "async-bench-smoke",
+    "async jobs bench smoke: bench/async_jobs.py --smoke (a private PostgreSQL, procrastinate)",
+)
+def async_bench_smoke(ctx: Context) -> int:
+    venv = ctx.work / "venv-bench"
+    status = ctx.ensure_venv(venv, needs(ctx.py3new, "3.13 or 3.12"), "bench")
+    if status:
+        return status
+    output = ctx.work / "async-bench-smoke.json"
+    return run([str(venv / "bin" / "python"), "bench/async_jobs.py", "--smoke", "--output", output])
+
+
 # Many workers (2,000 no-op jobs, 1 and 2 burst workers, thread pool) on a private
 # PostgreSQL: fails when a job ran twice, failed or was lost.
 @step("workers-smoke", "many-worker bench smoke: bench/workers.py --smoke (a private PostgreSQL)")
@@ -706,6 +722,7 @@ GROUPS: dict[str, list[str]] = {
         "tests-dj6-sqlite",
         "tests-dj60-postgres",
         "bench-smoke",
+        "async-bench-smoke",
         "workers-smoke",
         "overload-smoke-postgres",
         "flow-smoke",

@@ -158,8 +158,10 @@ class SlotLoop:
         ):
             threading.Thread(target=target, name=name, daemon=True).start()
 
-    def start(self, spec: JobSpec) -> None:
-        self.loop.call_soon_threadsafe(self._start, spec)
+    def start(self, specs: list[JobSpec]) -> None:
+        """Start a batch of jobs (after one look at the database connection their
+        ``sync_to_async`` calls share: broken or too old, it is closed)."""
+        self.loop.call_soon_threadsafe(self._start, specs)
 
     def cancel(self, lease: tuple[int, int]) -> None:
         self.loop.call_soon_threadsafe(self._cancel, lease)
@@ -204,10 +206,18 @@ class SlotLoop:
                 values[BLOCKED_NS] = blocked
             last_look = now
 
-    def _start(self, spec: JobSpec) -> None:
-        lease = spec.job.lease
-        name = f"{TASK_NAME_PREFIX}{lease[0]}:{lease[1]}"
-        self.tasks[lease] = self.loop.create_task(self._job(spec), name=name)
+    def _start(self, specs: list[JobSpec]) -> None:
+        # First in the executor's queue, before any call of these jobs.
+        self.loop.create_task(self._refresh_connections())
+        for spec in specs:
+            lease = spec.job.lease
+            name = f"{TASK_NAME_PREFIX}{lease[0]}:{lease[1]}"
+            self.tasks[lease] = self.loop.create_task(self._job(spec), name=name)
+
+    @staticmethod
+    async def _refresh_connections() -> None:
+        with contextlib.suppress(Exception):  # (a broken connection: the jobs report it)
+            await sync_to_async(close_old_connections)()
 
     def _cancel(self, lease: tuple[int, int]) -> None:
         task = self.tasks.get(lease)
@@ -218,8 +228,6 @@ class SlotLoop:
         def progress(lease: tuple[int, int], fraction: float | None, text: str | None) -> None:
             self.outbox.put((MSG_PROGRESS, lease, fraction, text))
 
-        with contextlib.suppress(Exception):  # (a broken connection: the job reports it)
-            await sync_to_async(close_old_connections)()
         outcome = await execute_async(spec, progress_sink=progress)
         self.tasks.pop(spec.job.lease, None)
         self.outbox.put((MSG_OUTCOME, outcome))
@@ -293,6 +301,7 @@ def child_main(
                 if loop is not None:
                     loop.cancel(batch[1])
                 continue
+            to_loop: list[JobSpec] = []  # async jobs of this batch that may start
             for index, (seq, spec) in enumerate(batch):
                 assert isinstance(spec, JobSpec)  # noqa: S101 - protocol invariant
                 last = index == len(batch) - 1
@@ -308,12 +317,14 @@ def child_main(
                     if loop is None:
                         depth_limits(spec.database)  # (looked up here: no query on the loop)
                         loop = SlotLoop(state, lambda message: send(message, ring_after=True))
-                    loop.start(spec)
+                    to_loop.append(spec)
                     continue
                 close_old_connections()
                 outcome = execute(spec, progress_sink=progress)
                 idle = last and not conn.poll(0)
                 send((MSG_OUTCOME, outcome), ring_after=idle or outcome.duration >= RING_AFTER)
+            if to_loop and loop is not None:
+                loop.start(to_loop)
     except BaseException:
         code = 1
     finally:
