@@ -27,6 +27,7 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 
 from .. import leases, pruning, queues
+from ..job_search import SearchSyntaxError, apply_search, parse_search
 from ..leases import database_now
 from ..limits import describe_group
 from ..models import Job, JobAttempt, JobStatus
@@ -202,8 +203,12 @@ class JobAdmin(FilterSafeAdmin):
     list_display_links = ("id", "task_name")
     list_filter = ("status", QueueFilter, TaskFilter, HasErrorsFilter, WorkerFilter)
     paginator = CappedCountPaginator
-    search_fields = ("task_path", "=key")
-    search_help_text = _("Job id, dedup key, or part of the task path.")
+    search_fields = ("task_path", "=key")  # (the search itself: job_search.py)
+    search_help_text = _(
+        "Words that must all match: kwargs.customer_id:4711 or args.0:42 (a value inside "
+        "the arguments, paths with dots), a job id, the dedup key, or part of the task "
+        "path, the error or the worker."
+    )
 
     class Media:
         css = {"all": ["django_leasejobs/admin.css", "django_leasejobs/flow.css"]}
@@ -325,10 +330,29 @@ class JobAdmin(FilterSafeAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
     ) -> tuple[QuerySet[Job], bool]:
-        term = search_term.strip().lstrip("#")
-        if term.isascii() and term.isdecimal() and len(term) < 19:
-            return queryset.filter(pk=int(term)), False
-        return super().get_search_results(request, queryset, search_term)
+        try:
+            search = parse_search(search_term)
+        except SearchSyntaxError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return queryset.none(), False
+        return apply_search(queryset, search), False
+
+    def get_paginator(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Job],
+        per_page: int,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
+    ) -> Paginator:
+        """An exact count of the jobs a search by argument found (an index answers it on
+        PostgreSQL); else at most ``CappedCountPaginator.CAP`` counted."""
+        try:
+            exact = parse_search(request.GET.get("q", "")).by_arguments
+        except SearchSyntaxError:
+            exact = False
+        kind = Paginator if exact else CappedCountPaginator
+        return kind(queryset, per_page, orphans, allow_empty_first_page)
 
     # -- columns ------------------------------------------------------------------
 
