@@ -488,3 +488,35 @@ def test_the_dashboard_on_a_phone_does_not_scroll_sideways(
     assert page.locator("#lj-running-jobs tbody tr").count() == 3
     page.screenshot(path=shots / "dashboard_phone.png", full_page=True)
     assert problems.items == []
+
+
+@pytest.mark.parametrize("device", ["browser", "phone"])
+def test_the_search_by_argument_finds_a_customers_jobs(
+    live_server: Any, request: pytest.FixtureRequest, device: str, shots: Path
+) -> None:
+    """Typed into the job list's search box at 1366 px and on a phone: the customer's
+    jobs, their exact count, a URL to bookmark; a malformed search says how to write it."""
+    context = request.getfixturevalue(device)
+    get_user_model().objects.create_superuser("boss", "boss@example.com", PASSWORD)
+    wanted = {int(tasks.carry.enqueue(customer_id=4711, n=n).id) for n in range(3)}
+    for n in range(5):
+        tasks.carry.enqueue(customer_id=4712 + n)
+    page = context.new_page()
+    problems = PageProblems(page)
+    log_in(page, live_server.url, "boss", PASSWORD)
+    page.goto(f"{live_server.url}/admin/django_leasejobs/job/")
+    page.fill("#searchbar", "kwargs.customer_id:4711")
+    page.press("#searchbar", "Enter")
+    page.wait_for_url(re.compile(r"\?q=kwargs\.customer_id%3A4711$"))
+    shown = {
+        int(text) for text in page.locator("#result_list tbody th.field-id a").all_inner_texts()
+    }
+    assert shown == wanted
+    assert "3 results" in page.inner_text("#changelist-search")
+    page.screenshot(path=shots / f"job_search_{device}.png", full_page=True)
+    page.fill("#searchbar", "args.first:1")
+    page.press("#searchbar", "Enter")
+    page.wait_for_selector(".messagelist .error")
+    assert "starts with a position (args.0:42)" in page.inner_text(".messagelist .error")
+    assert page.locator("#result_list tbody tr").count() == 0
+    assert problems.items == []
