@@ -174,6 +174,7 @@ class Search:
     first_ms: float = 0.0
     times_ms: list[float] = field(default_factory=list)
     plans: list[dict[str, Any]] = field(default_factory=list)
+    queries: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -329,6 +330,21 @@ def plan_table(searches: Sequence[Search]) -> str:
     return "\n".join(rows)
 
 
+def query_table(searches: Sequence[Search]) -> str:
+    """Per page: its queries, their summed time, and the slowest one."""
+    rows = ["| search | queries | their time | slowest | its time |", "|---|--:|--:|---|--:|"]
+    for s in searches:
+        if not s.queries:
+            continue
+        slowest = max(s.queries, key=lambda query: query["ms"])
+        text = " ".join(slowest["sql"].split())[:90].replace("|", "\\|")
+        rows.append(
+            f"| `{s.label}` | {len(s.queries)} | {sum(q['ms'] for q in s.queries):,.0f} ms | "
+            f"`{text}...` | {slowest['ms']:,.0f} ms |"
+        )
+    return "\n".join(rows)
+
+
 def enqueue_table(enqueue: dict[str, Any]) -> str:
     rows = [
         "| GIN indexes | bulk_enqueue rounds (jobs/round) | median | max | jobs/s (all rounds) "
@@ -345,6 +361,25 @@ def enqueue_table(enqueue: dict[str, Any]) -> str:
             f" | {max(bulk) * 1000:,.0f} ms | {rate:,.0f} | {len(single)} | "
             + (f"{statistics.median(single):.2f} ms |" if single else "- |")
             + (f" {run['flush_s'] * 1000:,.0f} ms |" if "flush_s" in run else " - |")
+        )
+    return "\n".join(rows)
+
+
+def pending_table(searches: Sequence[Search], enqueue: dict[str, Any]) -> str:
+    """The argument searches before the enqueue rounds and with the fast-update lists full."""
+    pending = enqueue["with_gin"].get("pending_list", {})
+    held = ", ".join(f"{name} {v['pending_tuples']:,}" for name, v in pending.items())
+    rows = [
+        f"| search | median before | p95 before | median, lists full ({held or '?'}) | p95 |",
+        "|---|--:|--:|--:|--:|",
+    ]
+    for s in searches:
+        after = enqueue["with_gin"].get("searches_before_flush", {}).get(s.label)
+        if after is None:
+            continue
+        rows.append(
+            f"| `{s.label}` | {_ms(statistics.median(s.times_ms))} | {_ms(p95(s.times_ms))} | "
+            f"{_ms(after['median_ms'])} | {_ms(after['p95_ms'])} |"
         )
     return "\n".join(rows)
 
@@ -366,11 +401,13 @@ JOB_COLUMNS = (
 )
 
 # Row i of n: ids in time order over the last 30 days; three jobs per order (args.0);
-# customer 7 on one job in 64, else 1 + i mod customers; one job in ten stores its
-# customer id as text; one to three invoice lines of SKUS SKUs.
+# customer 7 on one job in 64, else 1 + i mod customers (a customer's jobs spread over
+# the whole table); one job in ten stores its customer id as text; one to three invoice
+# lines of SKUS SKUs; the task, the text form and the error drawn at random.
 FILL_SQL = f"""
 WITH g AS (
     SELECT i, random() AS rs, random() AS rl, random() AS rc, random() AS rr,
+        random() AS rt, random() AS rx, random() AS rg,
         now() - interval '30 days' * ((%(n)s - i)::float8 / %(n)s) AS at
     FROM generate_series(1, %(n)s) AS i
 ), t AS (
@@ -386,10 +423,10 @@ WITH g AS (
 INSERT INTO leasejobs_job ({JOB_COLUMNS})
 SELECT
     'default', 'default',
-    (%(tasks)s::text[])[1 + i %% %(ntasks)s],
+    (%(tasks)s::text[])[1 + floor(rt * %(ntasks)s)::int],
     jsonb_build_array(order_id, (%(actions)s::text[])[1 + i %% 3]),
     jsonb_build_object(
-        'customer_id', CASE WHEN i %% 10 = 3 THEN to_jsonb(customer::text)
+        'customer_id', CASE WHEN rx < 0.1 THEN to_jsonb(customer::text)
                             ELSE to_jsonb(customer) END,
         'invoice', jsonb_build_object(
             'number', 'INV-' || i,
@@ -411,12 +448,12 @@ SELECT
     3,
     CASE status WHEN 'dead' THEN 3 ELSE 0 END,
     3, 0, NULL,
-    CASE WHEN status IN ('pending', 'cancelled') THEN '' ELSE 'web-' || (i %% 4) || ':4711' END,
+    CASE WHEN status IN ('pending', 'cancelled') THEN '' ELSE 'web-' || (i %% 4) || ':8000' END,
     status = 'cancelled',
     '',
     CASE WHEN status = 'succeeded' THEN '{{"ok": true}}'::jsonb END,
     CASE
-        WHEN status = 'failed' AND i %% 10 = 0 THEN 'ConnectionError: payment gateway timed out'
+        WHEN status = 'failed' AND rg < 0.1 THEN 'ConnectionError: payment gateway timed out'
         WHEN status = 'failed' THEN 'ValueError: invoice INV-' || i || ' does not add up'
         WHEN status = 'dead' THEN 'lease expired (stalled 3 times)'
         WHEN status = 'succeeded' AND rr < 0.025 THEN 'ConnectionError: payment gateway timed out'
@@ -579,14 +616,21 @@ def time_search(client: Any, search: Search, repeat: int, warmup: int) -> str:
     return html
 
 
-def explain_search(client: Any, search: Search) -> None:
-    """EXPLAIN (ANALYZE, BUFFERS) of the page's queries that hold the search."""
+def profile_page(client: Any, search: Search) -> None:
+    """One more request of the page, its queries recorded (SQL and time); then
+    EXPLAIN (ANALYZE, BUFFERS) of those that hold the search."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    marker = "@>" if search.by_arguments else "LIKE"
     with CaptureQueriesContext(connection) as captured:
         fetch(client, search.url)
+    search.queries = [
+        {"ms": float(query["time"]) * 1000, "sql": query["sql"] or ""}
+        for query in captured.captured_queries
+    ]
+    if not search.q:
+        return
+    marker = "@>" if search.by_arguments else "LIKE"
     for query in captured.captured_queries:
         sql = query["sql"] or ""
         if "leasejobs_job" not in sql or marker not in sql:
@@ -663,6 +707,25 @@ def gin_pending() -> dict[str, Any]:
         )
         for name in GIN_INDEXES
     }
+
+
+def time_pending_searches(
+    client: Any, searches: Sequence[Search], repeat: int
+) -> dict[str, dict[str, float]]:
+    """Median and p95 of the argument searches (no status filter) while the GIN indexes'
+    fast-update lists hold what the enqueue rounds added: a search reads those lists
+    whole."""
+    timed = {}
+    for search in searches:
+        if not search.by_arguments or search.status:
+            continue
+        times = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            fetch(client, search.url)
+            times.append((time.perf_counter() - started) * 1000)
+        timed[search.label] = {"median_ms": statistics.median(times), "p95_ms": p95(times)}
+    return timed
 
 
 def flush_pending() -> float:
@@ -781,7 +844,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 )
             if not search.ids_ok:
                 problems.append(f"{search.label}: page lists {listed[:5]}..., SQL {ids[:5]}...")
-            explain_search(client, search)
+        profile_page(client, search)
         step(
             f"{search.label}: {search.expected:,} match, page shows {search.shown}; "
             f"first {search.first_ms:,.0f} ms, median {statistics.median(search.times_ms):,.0f}"
@@ -793,6 +856,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "with_gin": time_enqueues(args.enqueue_rounds, args.enqueue_jobs, args.single, 1)
     }
     enqueue["with_gin"]["pending_list"] = gin_pending()
+    enqueue["with_gin"]["searches_before_flush"] = time_pending_searches(
+        client, searches, args.repeat
+    )
     enqueue["with_gin"]["flush_s"] = flush_pending()
     drop_gin()
     step("enqueue without them")
@@ -844,11 +910,13 @@ def report_markdown(measured: dict[str, Any], target_ms: float) -> str:
             search_table(searches, cap),
             "\n".join(verdict_rows),
             plan_table(searches),
+            query_table(searches),
             size_table(measured["sizes"]),
             f"GIN build after the fill ({len(GIN_INDEXES)} indexes, not concurrently): "
             f"{measured['gin_build_s']:.1f} s; again at the end on "
             f"{enqueue['rebuild_on_jobs']:,} jobs: {enqueue['rebuild_s']:.1f} s.",
             enqueue_table(enqueue),
+            pending_table(searches, enqueue),
         ]
     )
 
