@@ -728,6 +728,17 @@ def time_pending_searches(
     return timed
 
 
+def autovacuum_facts() -> dict[str, Any]:
+    """When autovacuum last vacuumed and analyzed the job table, and how often (an
+    autovacuum also empties the GIN fast-update lists)."""
+    [row] = execute(
+        "SELECT last_autovacuum, autovacuum_count, last_autoanalyze, autoanalyze_count "
+        "FROM pg_stat_user_tables WHERE relname = 'leasejobs_job'"
+    )
+    names = ("last_autovacuum", "autovacuum_count", "last_autoanalyze", "autoanalyze_count")
+    return dict(zip(names, (str(value) for value in row), strict=True))
+
+
 def flush_pending() -> float:
     """Seconds to move what the GIN indexes' fast-update lists still hold into the
     indexes (``gin_clean_pending_list``): insert work GIN defers to a later insert or to
@@ -859,7 +870,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     enqueue["with_gin"]["searches_before_flush"] = time_pending_searches(
         client, searches, args.repeat
     )
+    enqueue["with_gin"]["pending_list_before_flush"] = gin_pending()
     enqueue["with_gin"]["flush_s"] = flush_pending()
+    enqueue["with_gin"]["autovacuum"] = autovacuum_facts()
     drop_gin()
     step("enqueue without them")
     enqueue["without_gin"] = time_enqueues(
