@@ -21,6 +21,7 @@ which PostgreSQL answers from the GIN indexes on ``args`` and ``kwargs`` (migrat
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -106,9 +107,13 @@ def _values(raw: str) -> tuple[Any, ...]:
         return (raw,)
     if isinstance(value, (dict, list)):
         return (raw,)  # a search matches scalars; the text is all it can mean
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (value, raw)
-    return (value,)
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return (value,)
+    if isinstance(value, float) and not math.isfinite(value):
+        return (raw,)  # NaN, Infinity, 1e400: no JSON number, only text
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        return (raw,)  # beyond what every database compares as a number
+    return (value, raw)
 
 
 def apply_search(queryset: QuerySet[Job], search: JobSearch) -> QuerySet[Job]:

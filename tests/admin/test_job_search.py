@@ -52,6 +52,9 @@ def test_parse_every_kind_of_word() -> None:
         ("kwargs.a:plain-text", ("plain-text",)),
         ("kwargs.a:[1]", ("[1]",)),  # not a scalar: only the text
         ("kwargs.a:b:c", ("b:c",)),  # the first colon after the path ends it
+        ("kwargs.a:NaN", ("NaN",)),  # not a JSON number: text
+        ("kwargs.a:1e400", ("1e400",)),
+        ("kwargs.a:" + "9" * 30, ("9" * 30,)),  # past 64 bits: text
     ],
 )
 def test_values_are_read_as_json_else_text(word: str, values: tuple[Any, ...]) -> None:
@@ -136,6 +139,13 @@ def test_every_word_must_match(carried: dict[str, int]) -> None:
     }
     assert found("kwargs.customer_id:4711 tests.tasks.add") == set()
     assert found(f"kwargs.customer_id:4711 #{carried['text']}") == {carried["text"]}
+
+
+@pytest.mark.parametrize("value", ["NaN", "-Infinity", "1e400", "9" * 30])
+def test_values_no_database_compares_as_numbers_find_nothing(
+    carried: dict[str, int], value: str
+) -> None:
+    assert found(f"kwargs.customer_id:{value}") == set()
 
 
 def test_free_words_find_the_error_and_the_worker(carried: dict[str, int]) -> None:
