@@ -47,6 +47,15 @@ def _api() -> tuple[ModuleType, ModuleType] | None:
     return trace, propagate
 
 
+def preload() -> None:
+    """Import OpenTelemetry now, if it is installed (the worker calls this before it forks
+    its slots): a slot forked later, to replace one that died, while the worker's threads
+    run, then imports nothing on its first job. An import in a child forked from a
+    process with threads can wait for ever on a module lock another thread held at the
+    fork."""
+    _api()
+
+
 def current_context() -> dict[str, str] | None:
     """The W3C trace context of the active span (the propagator's carrier), or None
     when tracing is absent or no span is active."""

@@ -20,6 +20,7 @@ from typing import Literal
 
 from django.db import connections
 
+from ...tracing import preload
 from ..child import (
     BLAMED_ATTEMPT,
     BLAMED_JOB,
@@ -90,6 +91,7 @@ class ProcessPool:
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:
+        preload()  # what a slot imports lazily, imported once before any fork
         self._slots = []
         for index in range(self.size):  # one by one: each child closes its elders' lifelines
             self._slots.append(self._spawn(index))
