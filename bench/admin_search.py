@@ -586,7 +586,8 @@ def oracle(search: Search, page: int) -> tuple[int, list[int]]:
 
 # -- the pages ---------------------------------------------------------------------------
 
-PAGINATOR = re.compile(r'<p class="paginator">(.*?)</p>', re.DOTALL)
+PAGINATOR = re.compile(r'<(p|nav) class="paginator"[^>]*>(.*?)</\1>', re.DOTALL)
+"""The admin's paginator line: a ``<p>`` up to Django 6.0, a ``<nav>`` from 6.1."""
 SELECTED = re.compile(r'name="_selected_action" value="(\d+)"')
 
 
@@ -594,7 +595,7 @@ def page_facts(html: str) -> tuple[int | None, list[int]]:
     """The count the page's paginator line shows ("15625 jobs") and the ids it lists."""
     shown = None
     block = PAGINATOR.search(html)
-    count = block and re.search(r"(\d[\d,]*)\s+jobs?\b", block.group(1))
+    count = block and re.search(r"(\d[\d,]*)\s+jobs?\b", block.group(2))
     if count:
         shown = int(count.group(1).replace(",", ""))
     return shown, [int(job_id) for job_id in SELECTED.findall(html)]
