@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import os
 import queue
 import signal
@@ -256,6 +257,8 @@ def child_main(
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    # ``kill -USR1 <slot pid>``: every thread's stack to standard error (a slot that hangs).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Connections inherited from the parent belong to the parent: forget them unclosed.
     for alias in connections:
         connections[alias].connection = None  # type: ignore[union-attr]

@@ -22,6 +22,7 @@ loop, and tell it what they found through its inbox (``inbox.py``).
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
 import threading
@@ -174,6 +175,9 @@ class Worker:
 
     def run(self) -> int:
         registry.autodiscover(self.options.imports)
+        # ``kill -USR1 <worker pid>``: every thread's stack to standard error (a worker
+        # that hangs); its slots answer the same signal for themselves.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         previous = install_stop_signals(self._on_signal)
         self.pool.start()  # fork the slots before any other thread exists
         try:
@@ -197,6 +201,7 @@ class Worker:
                 thread.join(timeout=5)
             self.registration.deregister()
             restore_signals(previous)
+            faulthandler.unregister(signal.SIGUSR1)
             self.inbox.close()
             self.reporter.worker_stopped(self.book.finished)
         return 0

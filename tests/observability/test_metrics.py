@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import os
 import re
+import signal
 import socket
 import sys
 import urllib.request
@@ -127,6 +129,12 @@ def test_scraped_worker_metrics_match_the_database(workers: Workers, pool: str) 
         jobs = Job.objects.exclude(status__in=FINISHED_STATUSES)
         rows = jobs.values_list("task_path", "status", "attempt", "locked_by")
         alive = "running" if worker.popen.poll() is None else f"exited {worker.popen.returncode}"
+        if worker.popen.poll() is None:  # the stacks of the worker and its slots, in its output
+            for pid in [worker.pid, *worker.slot_pids()]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGUSR1)
+            with contextlib.suppress(AssertionError):
+                wait_until(lambda: worker.output.count("most recent call first") >= 4, 5)
         return f"every job finished; unfinished: {list(rows)}; worker {alive}:\n{worker.output}"
 
     wait_until(
