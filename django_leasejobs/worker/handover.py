@@ -54,8 +54,6 @@ class Handover:
         """A slot reported an outcome or died since the loop last looked (claim again)."""
         self.loops = pool.kind == "process"
         """``async def`` jobs run at once on the slots' event loops (process pool)."""
-        self.loop_jobs_seen = False
-        """Such a job was claimed: claims count the room on the slots' event loops."""
 
     # -- claimed jobs in, to slots ------------------------------------------------------
 
@@ -80,11 +78,10 @@ class Handover:
             running = RunningJob(job=job, task=task, started=now)
             if self.loops and task is not None and iscoroutinefunction(task.func):
                 running.on_loop = True
-                self.loop_jobs_seen = True
                 on_loop += 1
             self.book.add(running)
             self.book.ready.append(running)
-        if self.loop_jobs_seen:
+        if self.loops:
             self.dispatcher.note_claimed(len(claimed), on_loop)
         self.dispatch()
 

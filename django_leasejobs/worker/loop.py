@@ -342,8 +342,8 @@ class Worker:
         max_jobs = self.config.max_jobs
         jobs_left = None if max_jobs is None else max_jobs - self.book.finished - len(self.book)
         free_slots = self.pool.free_slots()
-        if self.handover.loop_jobs_seen:
-            # Room on the slots' event loops, as far as recent claims were async jobs.
+        if self.dispatcher.loop_share:
+            # Room on the slots' event loops, as far as the last claim was async jobs.
             extra = self.pool.loop_room() - free_slots
             free_slots += int(self.dispatcher.loop_share * max(0, extra))
         return self.dispatcher.claim_limit(
