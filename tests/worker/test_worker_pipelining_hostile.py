@@ -3,7 +3,7 @@ together with healthy short jobs (``docs/workers.md``, "Short jobs are handed ov
 at a time") ends in a clear state with an attempt row saying why, and the jobs handed over
 with it run exactly once, in both pools, with real ``runworker`` subprocesses.
 
-Each test enqueues one backlog in one commit: quick jobs to warm the worker up (its mean
+Each test enqueues a backlog in one commit: quick jobs to warm the worker up (its mean
 job time falls under ``PIPELINE_WORK_SECONDS``), more quick jobs, two hostile jobs of one
 kind, and more quick jobs behind them. The worker runs with ``--burst``; its DEBUG log
 names each job it announces and each batch it hands over, which shows where the hostile
@@ -35,6 +35,7 @@ BURST_BOUND = 90  # seconds: a wedged worker never exits; a healthy one takes a 
 WARM_UP = 30  # quick jobs first: then the worker's mean job time says "pipeline"
 BEFORE = 40  # quick jobs between the warm-up and the hostile jobs
 AFTER = 80  # quick jobs behind them
+ROUNDS = 3  # backlogs at most, until one hands a hostile job over inside a batch
 HUGE = 4_000_000  # characters of the huge result: several pipe buffers, several MB stored
 
 KILLED = "django_leasejobs.exceptions.JobKilled"
@@ -189,19 +190,23 @@ def _behind(batches: list[list[tuple[int, int]]], lease: tuple[int, int]) -> lis
 
 
 def _run_backlog(
-    workers: Workers, marker_dir: str, pool: str, kind: Kind
+    workers: Workers, marker_dir: str, pool: str, kind: Kind, prefix: str
 ) -> tuple[WorkerProcess, list[int], list[int]]:
     """Enqueue in one commit the warm-up, quick jobs, two hostile jobs one quick job apart
     (where a batch ends is up to the worker: one of them has quick jobs behind it in its
     batch), and more quick jobs; run a burst worker of two slots over them. Returns it,
-    the hostile jobs' ids (their marker names: ``hostile0``, ``hostile1``) and the quick
-    jobs' ids."""
+    the hostile jobs' ids (their marker names: ``<prefix>hostile0``, ``<prefix>hostile1``)
+    and the quick jobs' ids (marker ``<prefix>quick``)."""
     quick: tuple[Any, list[Any], dict[str, Any]] = (
         tasks_worker_flow.record_id,
-        [marker_dir, "quick"],
+        [marker_dir, f"{prefix}quick"],
         {},
     )
-    middle = [kind.call(marker_dir, "hostile0"), quick, kind.call(marker_dir, "hostile1")]
+    middle = [
+        kind.call(marker_dir, f"{prefix}hostile0"),
+        quick,
+        kind.call(marker_dir, f"{prefix}hostile1"),
+    ]
     calls = [quick] * (WARM_UP + BEFORE) + middle + [quick] * AFTER
     ids = [int(result.id) for result in task_backends["default"].bulk_enqueue(calls)]
     bad = [ids[WARM_UP + BEFORE], ids[WARM_UP + BEFORE + 2]]
@@ -213,26 +218,21 @@ def _run_backlog(
     return worker, bad, [job for job in ids if job not in bad]
 
 
-@pytest.mark.parametrize(("name", "pool"), _cases())
-def test_a_hostile_job_in_a_batch_stops_neither_the_worker_nor_its_batch(
-    workers: Workers, marker_dir: str, name: str, pool: str
-) -> None:
-    kind = KINDS[name]
-    worker, bad, quick = _run_backlog(workers, marker_dir, pool, kind)
+def _check_round(workers: Workers, marker_dir: str, pool: str, kind: Kind, prefix: str) -> bool:
+    """Run one backlog and check every job of it; True when a hostile job's first attempt
+    was handed over in a batch with quick jobs queued behind it (the case under test)."""
+    worker, bad, quick = _run_backlog(workers, marker_dir, pool, kind, prefix)
     print(worker.output)  # pytest shows it when an assertion below fails
 
-    # The batch path was used: a hostile job's first attempt was handed over in a batch,
-    # with quick jobs queued behind it.
     batches = _batches(worker.output)
     behind = {job: [q for q in _behind(batches, (job, 1)) if q not in bad] for job in bad}
-    assert any(behind.values()), f"no hostile job had quick jobs behind it:\n{worker.output}"
 
     # Every quick job succeeded, as its first attempt, and ran exactly once.
     statuses = dict(Job.objects.filter(pk__in=quick).values_list("id", "status"))
     assert set(statuses.values()) == {JobStatus.SUCCEEDED}, statuses
     assert set(Job.objects.filter(pk__in=quick).values_list("attempt", flat=True)) == {1}
     assert not JobAttempt.objects.filter(job_id__in=quick).exists()
-    runs = [line.split() for line in read_lines(marker_dir, "quick.ids")]
+    runs = [line.split() for line in read_lines(marker_dir, f"{prefix}quick.ids")]
     twice = [run for run in runs if [r[0] for r in runs].count(run[0]) > 1]
     assert not twice, f"quick jobs ran twice (id attempt pid thread): {twice}\n{worker.output}"
     assert sorted(int(run[0]) for run in runs) == sorted(quick), "a quick job never ran"
@@ -245,7 +245,8 @@ def test_a_hostile_job_in_a_batch_stops_neither_the_worker_nor_its_batch(
 
     if pool == "process" and kind.kills_its_process:
         for index, job in enumerate(bad):
-            noted = [line.split() for line in read_lines(marker_dir, f"hostile{index}.runs")]
+            runs_file = f"{prefix}hostile{index}.runs"
+            noted = [line.split() for line in read_lines(marker_dir, runs_file)]
             assert [run[-2] for run in noted] == ["1", "2"], noted  # (attempt, pid) last
             killed = [int(run[-1]) for run in noted]
             assert killed[0] != killed[1], "attempt 2 ran in a fresh child"
@@ -254,8 +255,23 @@ def test_a_hostile_job_in_a_batch_stops_neither_the_worker_nor_its_batch(
             assert killed[0] not in {ran_in[q] for q in behind[job]}, (killed, behind[job])
         # The first one's child had run quick jobs before it died: their outcomes counted
         # (each ran once, as its first attempt: checked above).
-        first = int(read_lines(marker_dir, "hostile0.runs")[0].split()[-1])
+        first = int(read_lines(marker_dir, f"{prefix}hostile0.runs")[0].split()[-1])
         assert first in ran_in.values(), (first, sorted(set(ran_in.values())))
     elif pool == "process":
         # No slot died: each went on with its batch, in the same process.
         assert len(set(ran_in.values())) <= 2, sorted(set(ran_in.values()))
+    return any(behind.values())
+
+
+@pytest.mark.parametrize(("name", "pool"), _cases())
+def test_a_hostile_job_in_a_batch_stops_neither_the_worker_nor_its_batch(
+    workers: Workers, marker_dir: str, name: str, pool: str
+) -> None:
+    # Whether a hostile job lands inside a batch is the worker's choice: it pipelines only
+    # while its recent jobs are short and its database rounds quick, which a loaded
+    # machine (CI) can deny for a whole backlog. Every round is checked in full; the
+    # batch case must have happened in one of them.
+    for n in range(ROUNDS):
+        if _check_round(workers, marker_dir, pool, KINDS[name], prefix=f"r{n}-"):
+            return
+    pytest.fail(f"in {ROUNDS} backlogs no hostile job had quick jobs behind it in a batch")
