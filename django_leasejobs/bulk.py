@@ -186,10 +186,7 @@ class BulkResult:
                 "workers stop them)"
             )
         if self.key_held:
-            text += (
-                f"; {self.key_held} left as they were: another active job holds their "
-                "dedup key"
-            )
+            text += f"; {self.key_held} left as they were: another active job holds their dedup key"
         return text
 
 
@@ -268,9 +265,7 @@ def set_queue(
 ) -> BulkResult:
     """Move the jobs among ``jobs`` that have not started to ``queue``."""
     if not isinstance(queue, str) or not 0 < len(queue) <= MAX_QUEUE_NAME:
-        raise ValueError(
-            f"a queue name has 1 to {MAX_QUEUE_NAME} characters, got {queue!r}"
-        )
+        raise ValueError(f"a queue name has 1 to {MAX_QUEUE_NAME} characters, got {queue!r}")
     moved = batches = 0
     for ids in id_ranges(jobs.filter(takes(Action.SET_QUEUE)), batch_size):
         moved += set_queue_range(jobs, ids, queue)
@@ -285,9 +280,7 @@ def set_priority(
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ValueError(f"a priority is a whole number, got {priority!r}")
     if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise ValueError(
-            f"a priority is from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority}"
-        )
+        raise ValueError(f"a priority is from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority}")
     changed = batches = 0
     for ids in id_ranges(jobs.filter(takes(Action.SET_PRIORITY)), batch_size):
         changed += set_priority_range(jobs, ids, priority)

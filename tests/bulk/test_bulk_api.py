@@ -69,7 +69,9 @@ def test_since_and_until_bound_the_enqueue_time() -> None:
         Job.objects.filter(pk=job_id).update(enqueued_at=now - timedelta(hours=hours))
     window = bulk.JobFilter(since=now - timedelta(hours=20), until=now - timedelta(hours=5))
     assert list(window.jobs().values_list("pk", flat=True)) == [middle]
-    assert set(bulk.JobFilter(since=now - timedelta(hours=20)).jobs().values_list("pk", flat=True)) == {middle, new}
+    assert set(
+        bulk.JobFilter(since=now - timedelta(hours=20)).jobs().values_list("pk", flat=True)
+    ) == {middle, new}
 
 
 @pytest.mark.parametrize(
@@ -111,9 +113,7 @@ def test_id_ranges_cover_every_match_once_and_in_order(batch_size: int) -> None:
     ids = make_jobs(10, status="dead")
     make_jobs(5, status="succeeded")
     ranges = list(bulk.id_ranges(Job.objects.filter(status="dead"), batch_size))
-    covered = [
-        job_id for r in ranges for job_id in ids if r.after < job_id <= r.upto
-    ]
+    covered = [job_id for r in ranges for job_id in ids if r.after < job_id <= r.upto]
     assert covered == ids
     assert len(ranges) == -(-10 // batch_size)
     assert all(a.upto <= b.after for a, b in zip(ranges, ranges[1:], strict=False))
