@@ -220,7 +220,7 @@ def id_ranges(jobs: QuerySet[Job], batch_size: int) -> Iterator[IdRange]:
             yield IdRange(after, nth[0])
             after = nth[0]
             continue
-        highest = last_id(rest)
+        highest: int | None = rest.aggregate(highest=Max("pk"))["highest"]
         if highest is not None:
             yield IdRange(after, highest)
         return

@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING
 
 from django.contrib import messages
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
-from django.contrib.admin.options import IS_POPUP_VAR, TO_FIELD_VAR
+from django.contrib.admin.options import IS_FACETS_VAR, IS_POPUP_VAR, TO_FIELD_VAR
 from django.contrib.admin.views.main import (
     ALL_VAR,
     ERROR_FLAG,
-    IS_FACETS_VAR,
     ORDER_VAR,
     PAGE_VAR,
     SEARCH_VAR,
@@ -144,7 +143,10 @@ def filter_query(request: HttpRequest) -> QueryDict:
 
 
 def _has_filter(query: QueryDict) -> bool:
-    return any(name != SEARCH_VAR or value.strip() for name, value in query.items())
+    return any(
+        name != SEARCH_VAR or any(value.strip() for value in values)
+        for name, values in query.lists()
+    )
 
 
 def bulk_links(model_admin: JobAdmin, request: HttpRequest) -> list[tuple[str, str]]:

@@ -104,7 +104,11 @@ def retry_range(
 def _keys_taken(batch: QuerySet[Job]) -> list[int]:
     """The jobs of ``batch`` with a dedup key that an active job holds, or that an earlier
     job of the batch (lower id) would take: their retry would break the key's uniqueness."""
-    keyed = list(batch.exclude(key=None).order_by("pk").values_list("pk", "key"))
+    keyed = [
+        (job_id, key)
+        for job_id, key in batch.filter(key__isnull=False).order_by("pk").values_list("pk", "key")
+        if key is not None
+    ]
     if not keyed:
         return []
     keys = sorted({key for _, key in keyed})
@@ -112,7 +116,11 @@ def _keys_taken(batch: QuerySet[Job]) -> list[int]:
     taken: set[str] = set()
     for start in range(0, len(keys), ID_CHUNK):
         chunk = keys[start : start + ID_CHUNK]
-        taken.update(active.filter(key__in=chunk).values_list("key", flat=True))
+        taken.update(
+            key
+            for key in active.filter(key__in=chunk).values_list("key", flat=True)
+            if key is not None
+        )
     blocked: list[int] = []
     for job_id, key in keyed:
         if key in taken:
@@ -137,7 +145,7 @@ def cancel_range(jobs: QuerySet[Job], ids: IdRange) -> CancelledRange:
         with transaction.atomic(using=d.using):
             batch = ids.of(jobs)
             not_started = batch.filter(status__in=NOT_STARTED)
-            steps = not_started.exclude(workflow_id=None).order_by("pk")
+            steps = not_started.filter(workflow_id__isnull=False).order_by("pk")
             if d.row_locks:  # in id order, as every settle locks them: no deadlock
                 steps = steps.select_for_update()
             step_ids = list(steps.values_list("pk", flat=True))

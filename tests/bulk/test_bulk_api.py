@@ -6,6 +6,7 @@ every database of the run.
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -116,7 +117,7 @@ def test_id_ranges_cover_every_match_once_and_in_order(batch_size: int) -> None:
     covered = [job_id for r in ranges for job_id in ids if r.after < job_id <= r.upto]
     assert covered == ids
     assert len(ranges) == -(-10 // batch_size)
-    assert all(a.upto <= b.after for a, b in zip(ranges, ranges[1:], strict=False))
+    assert all(a.upto <= b.after for a, b in itertools.pairwise(ranges))
 
 
 def test_no_match_no_range() -> None:
