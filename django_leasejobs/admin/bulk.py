@@ -39,12 +39,14 @@ from django.utils.translation import gettext_lazy as _
 from .. import bulk
 from ..bulk import Action, BulkResult, Change
 from ..models import Job
-from .filter_safety import BadFilter
+from .filter_safety import BadFilter, FilterSafeAdmin
 
 if TYPE_CHECKING:
     from django.utils.functional import _StrPromise
 
-    from .jobs import JobAdmin
+JobAdmin = FilterSafeAdmin
+"""The job list's admin as this module uses it (``jobs.JobAdmin``, which imports this
+module): its permission checks are found by name (``has_<name>_permission``)."""
 
 LIST_ONLY_PARAMS = frozenset(
     {ALL_VAR, ORDER_VAR, PAGE_VAR, ERROR_FLAG, IS_POPUP_VAR, TO_FIELD_VAR, IS_FACETS_VAR}
