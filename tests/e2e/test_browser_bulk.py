@@ -29,7 +29,10 @@ PASSWORD = "browser-bulk-password"
 
 @pytest.mark.parametrize("device", ["browser", "phone"])
 def test_the_bulk_retry_confirms_the_exact_count_and_fits_the_window(
-    live_server: Any, request: pytest.FixtureRequest, device: str, shots: Path  # noqa: F811
+    live_server: Any,
+    request: pytest.FixtureRequest,
+    device: str,
+    shots: Path,  # noqa: F811
 ) -> None:
     context = request.getfixturevalue(device)
     get_user_model().objects.create_superuser("boss", "boss@example.com", PASSWORD)
@@ -44,9 +47,7 @@ def test_the_bulk_retry_confirms_the_exact_count_and_fits_the_window(
     page.wait_for_url(re.compile(r"/bulk/retry/\?queue=mail$"))
     assert page.locator("#lj-bulk-count").inner_text() == "57"
     assert "queue: mail" in page.inner_text("#lj-bulk-filter")
-    assert "3 other matching jobs (of 60) stay as they are." in page.inner_text(
-        "#lj-bulk-summary"
-    )
+    assert "3 other matching jobs (of 60) stay as they are." in page.inner_text("#lj-bulk-summary")
     assert page_overflow(page) == 0
     button = page.locator("#lj-bulk-confirm")
     width = page.viewport_size["width"] if page.viewport_size else 0
