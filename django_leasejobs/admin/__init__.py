@@ -7,6 +7,7 @@ their model admins.
 | module | holds |
 |--------|-------|
 | ``jobs`` | the job list and page (attempts inline), the actions, the delete confirmation |
+| ``bulk`` | the job list's bulk actions over every matching job, their confirmation page |
 | ``workers`` | the worker list and page |
 | ``schedules`` | the schedule list and page, the dashboard's "next scheduled runs" |
 | ``queues`` | the queue list and page (pause, resume), the dashboard's limits column |

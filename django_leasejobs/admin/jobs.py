@@ -35,6 +35,7 @@ from ..templatetags.leasejobs_admin import seconds
 from ..templatetags.leasejobs_admin import task_name as function_name
 from . import big_values
 from .big_values import ATTEMPT_TEXT, JOB_BIG, JOB_JSON, JOB_TEXT, cut_note, preview, shown_json
+from .bulk import bulk_action_view, bulk_links
 from .clock import now_of, with_database_now
 from .dashboard import dashboard_response
 from .display import relative, status_badge
@@ -565,6 +566,20 @@ class JobAdmin(FilterSafeAdmin):
     def has_purge_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_leasejobs.purge_job")
 
+    def has_reroute_permission(self, request: HttpRequest) -> bool:
+        """Change the queue or the priority of jobs that have not started (the bulk
+        actions): the model's ``change_job`` permission (the job page stays read only)."""
+        return request.user.has_perm("django_leasejobs.change_job")
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        """The list, with links to the bulk actions over every job its filters and
+        search match (``admin/bulk.py``)."""
+        context = {**(extra_context or {}), "bulk_links": bulk_links(self, request)}
+        return super().changelist_view(request, context)
+
+    def bulk_view(self, request: HttpRequest, action: str) -> HttpResponse:
+        return bulk_action_view(self, request, action)
+
     def _retry(
         self, request: HttpRequest, queryset: QuerySet[Job], statuses: list[str], verb: str
     ) -> None:
@@ -711,6 +726,11 @@ class JobAdmin(FilterSafeAdmin):
                 "dashboard/",
                 self.admin_site.admin_view(self.dashboard_view),
                 name="{}_{}_dashboard".format(*info),
+            ),
+            path(
+                "bulk/<str:action>/",
+                self.admin_site.admin_view(self.bulk_view),
+                name="{}_{}_bulk".format(*info),
             ),
             path(
                 "<int:job_id>/download/<str:name>/",

@@ -2,6 +2,13 @@
 
 Both write to the database of the job's backend (its ``DATABASE`` option) unless
 ``using`` names another alias, whoever calls them (the admin, a shell, a command).
+
+What each of them writes, and to which statuses, is decided here once and shared with
+the writes to every job matching a filter (``batch_ops.py``): :data:`NOT_STARTED` and
+:func:`cancelled_columns` (a job that has not started is cancelled at once),
+:func:`running_to_flag` and :func:`cancel_requested_columns` (a running job's cancel is
+a request its worker sees at its next renewal), :data:`RETRIABLE` and
+:func:`retried_columns` (a fresh budget).
 """
 
 from __future__ import annotations
@@ -10,13 +17,55 @@ from collections.abc import Sequence
 
 from django.conf import settings
 from django.db import IntegrityError, connections, transaction
+from django.db.models import Case, F, Q, When
 
 from ..conf import BACKEND_PATH, parse_options
-from ..models import JobStatus
+from ..functions import DatabaseNow
+from ..models import Job, JobStatus
 from .dependants import settle_and_notify, steps_of
-from .dialect import Dialect, dialect, placeholders, retry_deadlocks
+from .dialect import Dialect, dialect, retry_deadlocks
 from .enqueue import NOTIFY_CHANNEL
 from .values import CancelResult, RetryResult
+
+NOT_STARTED: tuple[str, ...] = (JobStatus.WAITING, JobStatus.PENDING)
+"""The statuses a cancel ends at once (a waiting workflow step like a pending job)."""
+RETRIABLE: tuple[str, ...] = (JobStatus.FAILED, JobStatus.DEAD)
+"""The statuses an operator's retry takes (a requeue of dead letters takes ``dead`` only)."""
+
+
+def running_to_flag() -> Q:
+    """A running job whose cancel is not requested yet: a cancel flags it for its worker."""
+    return Q(status=JobStatus.RUNNING, cancel_requested=False)
+
+
+def cancelled_columns() -> dict[str, object]:
+    """What a cancel writes to a job that has not started (its ``SET`` list)."""
+    return {"status": JobStatus.CANCELLED, "finished_at": DatabaseNow()}
+
+
+def cancel_requested_columns() -> dict[str, object]:
+    """What a cancel writes to a running job: the request its worker sees."""
+    return {"cancel_requested": True}
+
+
+def retried_columns() -> dict[str, object]:
+    """What a retry writes: ``pending``, runnable now (database clock), with a fresh budget
+    (stalls and snoozes reset, at least one more attempt). ``max_attempts`` comes last and
+    reads only columns the list does not assign (MySQL evaluates ``SET`` left to right)."""
+    return {
+        "status": JobStatus.PENDING,
+        "run_after": DatabaseNow(),
+        "finished_at": None,
+        "stall_count": 0,
+        "snoozes": 0,
+        "cancel_requested": False,
+        "unknown_task_since": None,
+        "max_attempts": Case(
+            When(max_attempts__lte=F("attempt"), then=F("attempt") + 1),
+            default=F("max_attempts"),
+            output_field=Job._meta.get_field("max_attempts"),
+        ),
+    }
 
 
 def backend_database(backend: str) -> str:
@@ -35,26 +84,16 @@ def cancel(job_id: int, *, backend: str = "default", using: str | None = None) -
 
 
 def _cancel(d: Dialect, job_id: int) -> CancelResult:
-    with transaction.atomic(using=d.using), connections[d.using].cursor() as cursor:
+    jobs = Job.objects.using(d.using).filter(pk=job_id)
+    with transaction.atomic(using=d.using):
         # A waiting workflow step is cancelled like a pending job; a step's dependants
         # are settled in the same transaction.
-        cursor.execute(
-            f"UPDATE {d.jobs} AS j SET status = 'cancelled', finished_at = {d.now} "  # noqa: S608 - identifiers quoted, values bound
-            "WHERE j.id = %s AND j.status IN ('pending', 'waiting')",
-            [job_id],
-        )
-        if cursor.rowcount == 1:
+        if jobs.filter(status__in=NOT_STARTED).update(**cancelled_columns()) == 1:
             settle_and_notify(d, steps_of(d, [job_id], succeeded=False))
             return CancelResult.CANCELLED
-        cursor.execute(
-            f"UPDATE {d.jobs} AS j SET cancel_requested = TRUE "  # noqa: S608 - identifiers quoted, values bound
-            "WHERE j.id = %s AND j.status = 'running' AND NOT j.cancel_requested",
-            [job_id],
-        )
-        if cursor.rowcount == 1:
+        if jobs.filter(running_to_flag()).update(**cancel_requested_columns()) == 1:
             return CancelResult.REQUESTED
-        cursor.execute(f"SELECT 1 FROM {d.jobs} WHERE id = %s", [job_id])  # noqa: S608 - identifiers quoted, values bound
-        return CancelResult.NOT_CANCELLABLE if cursor.fetchone() else CancelResult.NOT_FOUND
+        return CancelResult.NOT_CANCELLABLE if jobs.exists() else CancelResult.NOT_FOUND
 
 
 def retry(
@@ -72,8 +111,8 @@ def retry(
     least one more attempt (``max_attempts`` becomes at least ``attempt + 1``). Its
     attempt history stays.
     """
-    allowed = [str(s) for s in (statuses or (JobStatus.FAILED, JobStatus.DEAD))]
-    if not set(allowed) <= {JobStatus.FAILED, JobStatus.DEAD}:
+    allowed = [str(s) for s in (statuses or RETRIABLE)]
+    if not set(allowed) <= set(RETRIABLE):
         raise ValueError(f"only failed or dead jobs can be retried, not {allowed}")
     d = dialect(using or backend_database(backend))
     try:
@@ -88,20 +127,13 @@ def retry(
 
 
 def _retry(d: Dialect, job_id: int, allowed: list[str]) -> int:
-    with transaction.atomic(using=d.using), connections[d.using].cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {d.jobs} AS j SET status = 'pending', run_after = {d.now}, "  # noqa: S608 - identifiers quoted, values bound
-            "finished_at = NULL, stall_count = 0, snoozes = 0, cancel_requested = FALSE, "
-            "unknown_task_since = NULL, "
-            "max_attempts = CASE WHEN j.max_attempts <= j.attempt THEN j.attempt + 1 "
-            "ELSE j.max_attempts END "
-            f"WHERE j.id = %s AND j.status IN ({placeholders(len(allowed))})",
-            [job_id, *allowed],
-        )
-        changed = int(cursor.rowcount)
+    with transaction.atomic(using=d.using):
+        jobs = Job.objects.using(d.using).filter(pk=job_id)
+        changed = jobs.filter(status__in=allowed).update(**retried_columns())
         if changed == 1 and d.vendor == "postgresql":
-            cursor.execute(
-                f"SELECT pg_notify(%s, queue) FROM {d.jobs} WHERE id = %s",  # noqa: S608 - identifiers quoted, values bound
-                [NOTIFY_CHANNEL, job_id],
-            )
+            with connections[d.using].cursor() as cursor:
+                cursor.execute(
+                    f"SELECT pg_notify(%s, queue) FROM {d.jobs} WHERE id = %s",  # noqa: S608 - identifiers quoted, values bound
+                    [NOTIFY_CHANNEL, job_id],
+                )
         return changed

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
+from datetime import UTC, datetime, timedelta
+
+from ..pruning import parse_age
 
 
 def non_negative_seconds(value: str) -> float:
@@ -39,3 +42,20 @@ def positive_int(value: str) -> int:
 
 def non_negative_int(value: str) -> int:
     return _whole_number(value, 0)
+
+
+def moment(value: str) -> datetime | timedelta:
+    """A point in time: an ISO 8601 date or date and time (UTC when it names no offset),
+    or an age such as ``30m``, ``12h``, ``7d`` (that long before now, on the database's
+    clock: the caller turns it into a time)."""
+    text = value.strip()
+    if text[-1:] in ("s", "m", "h", "d", "w") and text[:-1].isdigit():
+        return parse_age(text)
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO date or time (2024-05-01, 2024-05-01T12:00:00+02:00) or an "
+            f"age (30m, 12h, 7d), got {value!r}"
+        ) from None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
