@@ -407,6 +407,7 @@ DJ60_SUITES = [
     "tests/backend",
     "tests/admin",
     "tests/commands",
+    "tests/bulk",
     "tests/schedules",
     "tests/testing_kit",
     "tests/workflows",
