@@ -592,12 +592,13 @@ SELECTED = re.compile(r'name="_selected_action" value="(\d+)"')
 
 
 def page_facts(html: str) -> tuple[int | None, list[int]]:
-    """The count the page's paginator line shows ("15625 jobs") and the ids it lists."""
+    """The count the page's paginator line shows ("15625 jobs"; "10,000+ jobs", past the
+    cap, as 10001) and the ids it lists."""
     shown = None
     block = PAGINATOR.search(html)
-    count = block and re.search(r"(\d[\d,]*)\s+jobs?\b", block.group(2))
+    count = block and re.search(r"(\d[\d,]*)(\+?)\s+jobs?\b", block.group(2))
     if count:
-        shown = int(count.group(1).replace(",", ""))
+        shown = int(count.group(1).replace(",", "")) + (1 if count.group(2) else 0)
     return shown, [int(job_id) for job_id in SELECTED.findall(html)]
 
 

@@ -173,17 +173,27 @@ class JobAttemptInline(admin.TabularInline):
         )
 
 
+class MoreThan(int):
+    """A count past the paginator's cap: ``CAP + 1`` for the paging arithmetic, shown as
+    "10,000+" (the list's "10,000+ jobs")."""
+
+    def __str__(self) -> str:
+        return f"{self - 1:,}+"
+
+
 class CappedCountPaginator(Paginator):
-    """Counts at most CAP rows: COUNT(*) over a million jobs costs more than the page."""
+    """Counts at most CAP rows: COUNT(*) over a million jobs costs more than the page.
+    Past the cap the count reads "10,000+" (:class:`MoreThan`)."""
 
     CAP = 10_000
 
     @cached_property
     def count(self) -> int:
         rows: Any = self.object_list
-        if isinstance(rows, QuerySet):
-            return rows.values("pk").order_by()[: self.CAP + 1].count()
-        return len(rows)
+        if not isinstance(rows, QuerySet):
+            return len(rows)
+        counted = rows.values("pk").order_by()[: self.CAP + 1].count()
+        return MoreThan(counted) if counted > self.CAP else counted
 
 
 @admin.register(Job)

@@ -1691,3 +1691,27 @@ def test_non_staff_and_anonymous_are_sent_to_the_login(url: str) -> None:
         response = client.get(url)
         assert response.status_code == 302
         assert response["Location"].startswith(reverse("admin:login") + "?next=")
+
+
+def test_a_count_past_the_cap_reads_as_more_than_the_cap(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The list counts at most ``CappedCountPaginator.CAP`` jobs (COUNT(*) over a million
+    rows costs more than the page): past it, the count says so instead of CAP + 1."""
+    from django_leasejobs.admin.jobs import CappedCountPaginator
+
+    monkeypatch.setattr(CappedCountPaginator, "CAP", 3)
+    for number in range(3):
+        add.enqueue(number, 1)
+    page = admin_client.get(CHANGELIST)
+    text = html.unescape(re.sub(r"\s+", " ", page.content.decode()))
+    assert page.context["cl"].result_count == 3
+    assert "3 jobs" in text and "3+" not in text
+
+    add.enqueue(3, 1)
+    page = admin_client.get(CHANGELIST)
+    text = html.unescape(re.sub(r"\s+", " ", page.content.decode()))
+    assert page.context["cl"].result_count == 4  # one more than counted: "more than 3"
+    assert "3+ jobs" in text, text
+    assert "4 jobs" not in text
+    assert page.context["cl"].paginator.num_pages == 1
