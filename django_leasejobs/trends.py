@@ -77,6 +77,11 @@ class Trend:
 _SUMS = {name: Sum(name) for name in (*ROLLUP_COUNTERS, *WAIT_COLUMNS, *RUN_COLUMNS)}
 
 
+def minute_start(moment: datetime) -> datetime:
+    """The start of the minute ``moment`` falls in."""
+    return moment.replace(second=0, microsecond=0)
+
+
 def _floor(moment: datetime, step: timedelta) -> datetime:
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
     return epoch + (moment - epoch) // step * step
