@@ -9,8 +9,10 @@ within a factor of sqrt(2)).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db.models import F, Sum
 from django.db.models.functions import TruncHour
@@ -48,7 +50,7 @@ class Totals:
     wait: list[int] = field(default_factory=lambda: [0] * BUCKETS)
     run: list[int] = field(default_factory=lambda: [0] * BUCKETS)
 
-    def add(self, row: dict[str, int | None]) -> None:
+    def add(self, row: Mapping[str, Any]) -> None:
         """Add a row of sums (``_SUMS``' names; a NULL sum is 0)."""
         for name in ROLLUP_COUNTERS:
             setattr(self, name, getattr(self, name) + (row[name] or 0))

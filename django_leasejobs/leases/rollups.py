@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from django.db import connections
 
@@ -133,9 +134,9 @@ def add_tally(tally: Tally, *, using: str) -> int:
         update = ", ".join(
             f"{d.q(c)} = {table}.{d.q(c)} + excluded.{d.q(c)}" for c in VALUE_COLUMNS
         )
-        key = ", ".join(d.q(c) for c in KEY_COLUMNS)
-        upsert = f"ON CONFLICT ({key}) DO UPDATE SET {update}"
-    params: list[object] = []
+        conflict = ", ".join(d.q(c) for c in KEY_COLUMNS)
+        upsert = f"ON CONFLICT ({conflict}) DO UPDATE SET {update}"
+    params: list[Any] = []
     for key, counts in rows:
         params.extend((key.backend, adapt(key.minute), key.queue, key.task_path))
         params.extend(counts.values())
