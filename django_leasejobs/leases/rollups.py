@@ -11,7 +11,8 @@ nothing. Rows go in key order, so two writers lock the same rows in the same ord
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -36,28 +37,9 @@ class RollupKey:
     task_path: str
 
 
-@dataclass(slots=True)
-class RollupCounts:
-    """What is added to one row: counters (may be negative: a claim given back unused
-    takes back its ``started``) and bucket counts of wait and run times."""
-
-    enqueued: int = 0
-    started: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    retried: int = 0
-    dead: int = 0
-    wait: list[int] = field(default_factory=lambda: [0] * BUCKETS)
-    run: list[int] = field(default_factory=lambda: [0] * BUCKETS)
-
-    def values(self) -> list[int]:
-        """In ``VALUE_COLUMNS`` order."""
-        counters = [getattr(self, name) for name in ROLLUP_COUNTERS]
-        return [*counters, *self.wait, *self.run]
-
-    @property
-    def empty(self) -> bool:
-        return not any(self.values())
+_COUNTER_AT = {name: index for index, name in enumerate(ROLLUP_COUNTERS)}
+_WAIT_AT = len(ROLLUP_COUNTERS)
+_RUN_AT = _WAIT_AT + BUCKETS
 
 
 ENDING_COUNTERS = {
@@ -77,56 +59,51 @@ def minute_of(moment: datetime) -> datetime:
 
 
 class Tally:
-    """Counts made in memory, added to the rollup table by :func:`add_tally`."""
+    """Counts made in memory, added to the rollup table by :func:`add_tally`.
+
+    Per key, one count per column of ``VALUE_COLUMNS`` (counters may be negative: a claim
+    given back unused takes back its ``started``)."""
 
     __slots__ = ("rows",)
 
     def __init__(self) -> None:
-        self.rows: dict[RollupKey, RollupCounts] = {}
+        self.rows: dict[RollupKey, list[int]] = {}
 
-    def _row(self, key: RollupKey) -> RollupCounts:
+    def _row(self, key: RollupKey) -> list[int]:
         row = self.rows.get(key)
         if row is None:
-            row = self.rows[key] = RollupCounts()
+            row = self.rows[key] = [0] * len(VALUE_COLUMNS)
         return row
 
     def count(self, key: RollupKey, counter: str, n: int = 1) -> None:
         """Add ``n`` to ``counter`` (one of ``ROLLUP_COUNTERS``) of ``key``'s row."""
-        row = self._row(key)
-        setattr(row, counter, getattr(row, counter) + n)
+        self._row(key)[_COUNTER_AT[counter]] += n
 
     def wait(self, key: RollupKey, seconds: float, n: int = 1) -> None:
-        self._row(key).wait[bucket_of(seconds)] += n
+        self._row(key)[_WAIT_AT + bucket_of(seconds)] += n
 
     def run(self, key: RollupKey, seconds: float) -> None:
-        self._row(key).run[bucket_of(seconds)] += 1
+        self._row(key)[_RUN_AT + bucket_of(seconds)] += 1
 
     def merge(self, other: Tally) -> None:
         """Add ``other``'s counts to this tally."""
-        for key, counts in other.rows.items():
+        for key, values in other.rows.items():
             row = self._row(key)
-            for name in ROLLUP_COUNTERS:
-                setattr(row, name, getattr(row, name) + getattr(counts, name))
-            row.wait = [a + b for a, b in zip(row.wait, counts.wait, strict=True)]
-            row.run = [a + b for a, b in zip(row.run, counts.run, strict=True)]
+            for index, value in enumerate(values):
+                row[index] += value
 
     def __bool__(self) -> bool:
-        return any(not counts.empty for counts in self.rows.values())
+        return any(any(values) for values in self.rows.values())
 
 
-def add_tally(tally: Tally, *, using: str) -> int:
-    """Add ``tally`` to the rollup table in one statement (in the caller's transaction,
-    if any); return the rows it touched. Nothing is sent when there is nothing to add."""
-    rows = sorted((key, counts) for key, counts in tally.rows.items() if not counts.empty)
-    if not rows:
-        return 0
+@functools.lru_cache(maxsize=64)
+def _upsert_sql(using: str, rows: int) -> str:
+    """The upsert of ``rows`` rows on ``using`` (the same text for the same count)."""
     d = dialect(using)
-    connection = connections[using]
-    adapt = connection.ops.adapt_datetimefield_value
     table = d.q(JobRollup._meta.db_table)
     columns = (*KEY_COLUMNS, *VALUE_COLUMNS)
     names = ", ".join(d.q(c) for c in columns)
-    values = ", ".join([f"({placeholders(len(columns))})"] * len(rows))
+    values = ", ".join([f"({placeholders(len(columns))})"] * rows)
     if d.vendor == "mysql":
         update = ", ".join(f"{d.q(c)} = {d.q(c)} + VALUES({d.q(c)})" for c in VALUE_COLUMNS)
         upsert = f"ON DUPLICATE KEY UPDATE {update}"
@@ -136,15 +113,26 @@ def add_tally(tally: Tally, *, using: str) -> int:
         )
         conflict = ", ".join(d.q(c) for c in KEY_COLUMNS)
         upsert = f"ON CONFLICT ({conflict}) DO UPDATE SET {update}"
+    return f"INSERT INTO {table} ({names}) VALUES {values} {upsert}"  # noqa: S608 - identifiers quoted, values bound
+
+
+def add_tally(tally: Tally, *, using: str) -> int:
+    """Add ``tally`` to the rollup table in one statement (in the caller's transaction,
+    if any); return the rows it touched. Nothing is sent when there is nothing to add."""
+    rows = sorted((key, values) for key, values in tally.rows.items() if any(values))
+    if not rows:
+        return 0
+    connection = connections[using]
+    adapt = connection.ops.adapt_datetimefield_value
     params: list[Any] = []
-    for key, counts in rows:
+    for key, values in rows:
         params.extend((key.backend, adapt(key.minute), key.queue, key.task_path))
-        params.extend(counts.values())
-    sql = f"INSERT INTO {table} ({names}) VALUES {values} {upsert}"  # noqa: S608 - identifiers quoted, values bound
+        params.extend(values)
+    sql = _upsert_sql(using, len(rows))
 
     def upsert_rows() -> int:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
         return len(rows)
 
-    return retry_deadlocks(d.using, upsert_rows)  # (in a transaction: the caller's to run again)
+    return retry_deadlocks(using, upsert_rows)  # (in a transaction: the caller's to run again)

@@ -17,10 +17,29 @@ from ..leases import ClaimedJob, RollupKey, Tally, minute_of
 from .rounds import RoundPlan, RoundResult
 
 
+class _Keys:
+    """The rows of one round's tally: the jobs of a round share few (queue, task, time)
+    triples (a claim's rows share their claim's time), so each key is made once."""
+
+    __slots__ = ("backend", "known")
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.known: dict[tuple[str, str, datetime], RollupKey] = {}
+
+    def __call__(self, job: ClaimedJob, when: datetime) -> RollupKey:
+        found = self.known.get((job.queue, job.task_path, when))
+        if found is None:
+            found = RollupKey(self.backend, minute_of(when), job.queue, job.task_path)
+            self.known[(job.queue, job.task_path, when)] = found
+        return found
+
+
 def round_tally(plan: RoundPlan, result: RoundResult, backend: str) -> Tally:
     """The counts of one round: its written outcomes, its claims, and the claims it gave
     back unused (which take their counts back)."""
     tally = Tally()
+    key_of = _Keys(backend)
     ended = [(r.job, o.duration, False) for r, o in plan.successes]
     ended += [(r.job, duration, f.snooze) for r, _, f, duration in plan.failures]
     for job, duration, snoozed in ended:
@@ -33,7 +52,7 @@ def round_tally(plan: RoundPlan, result: RoundResult, backend: str) -> Tally:
             finished = job.last_attempted_at + timedelta(seconds=duration)
         if finished is None:
             continue  # (a row without a claim time: written by hand)
-        key = _key(backend, job, finished)
+        key = key_of(job, finished)
         tally.count(key, counter)
         tally.run(key, duration)
     if result.deferred is not None:
@@ -42,21 +61,17 @@ def round_tally(plan: RoundPlan, result: RoundResult, backend: str) -> Tally:
             when = result.deferred.dead.finished_at.get(lease)
             counter = leases.ENDING_COUNTERS.get(status)
             if lease in deferred and when is not None and counter is not None:
-                tally.count(_key(backend, deferred[lease], when), counter)
-        _claims(tally, backend, (deferred[lease] for lease in result.deferred.delays), -1)
+                tally.count(key_of(deferred[lease], when), counter)
+        _claims(tally, key_of, (deferred[lease] for lease in result.deferred.delays), -1)
     if result.unclaimed:
         given_back = (r.job for r, _ in plan.unclaims if r.job.lease in result.unclaimed)
-        _claims(tally, backend, given_back, -1)
+        _claims(tally, key_of, given_back, -1)
     if result.claimed:
-        _claims(tally, backend, result.claimed, 1)
+        _claims(tally, key_of, result.claimed, 1)
     return tally
 
 
-def _key(backend: str, job: ClaimedJob, when: datetime) -> RollupKey:
-    return RollupKey(backend, minute_of(when), job.queue, job.task_path)
-
-
-def _claims(tally: Tally, backend: str, jobs: Iterable[ClaimedJob], sign: int) -> None:
+def _claims(tally: Tally, key_of: _Keys, jobs: Iterable[ClaimedJob], sign: int) -> None:
     """Claims (``sign`` 1), or claims given back unused (-1, the same counts taken back):
     ``started`` in the claim's minute; for a job's first attempt also ``enqueued`` in the
     minute it was enqueued, and its wait from enqueue to this claim."""
@@ -64,8 +79,8 @@ def _claims(tally: Tally, backend: str, jobs: Iterable[ClaimedJob], sign: int) -
         claimed = job.last_attempted_at
         if claimed is None:
             continue
-        key = _key(backend, job, claimed)
+        key = key_of(job, claimed)
         tally.count(key, "started", sign)
         if job.attempt == 1 and job.enqueued_at is not None:
-            tally.count(_key(backend, job, job.enqueued_at), "enqueued", sign)
+            tally.count(key_of(job, job.enqueued_at), "enqueued", sign)
             tally.wait(key, (claimed - job.enqueued_at).total_seconds(), sign)
