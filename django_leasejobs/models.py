@@ -634,6 +634,8 @@ class JobRollup(models.Model):
                 fields=["backend", "minute", "queue", "task_path"], name="leasejobs_rollup_key"
             )
         ]
+        # Reads of every backend at once (the dashboard, the metrics view) by minute.
+        indexes = [models.Index(fields=["minute"], name="leasejobs_rollup_minute_idx")]
 
     def __str__(self) -> str:
         return f"{self.minute:%Y-%m-%d %H:%M} {self.queue} {self.task_path}"

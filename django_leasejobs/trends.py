@@ -2,9 +2,9 @@
 
 For the dashboard's charts (:func:`series`: the last hour per minute, the last day per
 hour, the last week per 6 hours) and the metrics view (:func:`per_task`: per queue and
-task over a window). Each is one aggregate query on the rollup's unique index (backend,
-minute, ...); the percentiles come from the summed histogram buckets (``histograms.py``,
-within a factor of sqrt(2)).
+task over a window). Each is one aggregate query through the rollup's index on
+``minute`` (or its unique index, led by backend and minute); the percentiles come from
+the summed histogram buckets (``histograms.py``, within a factor of sqrt(2)).
 """
 
 from __future__ import annotations
