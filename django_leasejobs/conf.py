@@ -38,6 +38,7 @@ E_BAD_QUEUE_LIMIT = "leasejobs.E020"
 E_UNKNOWN_LIMITED_QUEUE = "leasejobs.E021"
 E_BAD_RATE_LIMIT = "leasejobs.E022"
 E_BAD_QUEUE_RESULT_TTL = "leasejobs.E023"
+E_BAD_ROLLUP_OPTION = "leasejobs.E024"
 W_HEARTBEAT_TOO_SLOW = "leasejobs.W001"
 W_LEASE_TOO_SHORT = "leasejobs.W002"
 W_POLL_TOO_FAST = "leasejobs.W003"
@@ -57,6 +58,10 @@ MIN_HEARTBEAT_INTERVAL = 0.1
 """Below this (seconds), a warning: more than ten renewals (commits) a second per worker."""
 MIN_POLL_INTERVAL = 0.05
 """Below this (seconds), a warning: an idle worker would query for work over 20 times a second."""
+
+
+DEFAULT_ROLLUP_RETENTION = 8 * 86400.0
+"""Eight days: the dashboard's week chart stays full, with a day to spare for a late prune."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +111,11 @@ class Options:
     queue_result_ttl: dict[str, float] = field(default_factory=dict)
     """``QUEUE_RESULT_TTL``: seconds a finished job of each queue is kept (``prune_jobs``),
     unless the job has a ``result_ttl`` of its own."""
+    rollups: bool = True
+    """``ROLLUPS``: workers and reapers count outcomes per minute in the rollup table (the
+    dashboard's trends, the metrics view's rollup gauges); False writes nothing there."""
+    rollup_retention: float = DEFAULT_ROLLUP_RETENTION
+    """``ROLLUP_RETENTION``: seconds a rollup row is kept (``prune_jobs`` deletes older ones)."""
 
     @property
     def local_lease_deadline(self) -> float:
@@ -140,6 +150,8 @@ KNOWN_OPTIONS = frozenset(
         "QUEUE_LIMITS",
         "QUEUE_RATE_LIMITS",
         "QUEUE_RESULT_TTL",
+        "ROLLUPS",
+        "ROLLUP_RETENTION",
     }
 )
 MAX_QUEUE_NAME = 128
@@ -288,6 +300,38 @@ def _queue_result_ttl(raw: Mapping[str, Any]) -> tuple[list[Problem], dict[str, 
     return problems, found
 
 
+def _rollup_options(raw: Mapping[str, Any]) -> tuple[list[Problem], dict[str, Any]]:
+    """``ROLLUPS`` and ``ROLLUP_RETENTION`` read; a bad value keeps the default and is
+    reported (``E024``)."""
+    problems: list[Problem] = []
+    found: dict[str, Any] = {}
+    if "ROLLUPS" in raw:
+        if isinstance(raw["ROLLUPS"], bool):
+            found["rollups"] = raw["ROLLUPS"]
+        else:
+            problems.append(
+                Problem(
+                    E_BAD_ROLLUP_OPTION,
+                    f"ROLLUPS must be True or False, got {raw['ROLLUPS']!r}.",
+                    hint="True (default) counts outcomes per minute for the dashboard's trends.",
+                )
+            )
+    if "ROLLUP_RETENTION" in raw:
+        problem = duration_problem(raw["ROLLUP_RETENTION"])
+        if problem:
+            problems.append(
+                Problem(
+                    E_BAD_ROLLUP_OPTION,
+                    f"ROLLUP_RETENTION {problem}.",
+                    hint="Give seconds or a timedelta; the default, 8 days, keeps the week chart "
+                    "full.",
+                )
+            )
+        else:
+            found["rollup_retention"] = as_seconds(raw["ROLLUP_RETENTION"])
+    return problems, found
+
+
 def parse_options(
     raw: Mapping[str, Any] | None,
     environ: Mapping[str, str] | None = None,
@@ -391,6 +435,10 @@ def parse_options(
     problems.extend(ttl_problems)
     if queue_result_ttl:
         values["queue_result_ttl"] = queue_result_ttl
+
+    rollup_problems, rollup_values = _rollup_options(raw)
+    problems.extend(rollup_problems)
+    values.update(rollup_values)
 
     behavior_sources = []
     if "LOCK_LOST_BEHAVIOR" in raw:

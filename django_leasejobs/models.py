@@ -7,6 +7,7 @@ from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from .functions import DatabaseNow
+from .histograms import BUCKETS
 from .limits import KEY_GROUP
 
 APP_LABEL = "django_leasejobs"
@@ -594,3 +595,51 @@ class RateStart(models.Model):
 
     def __str__(self) -> str:
         return f"{self.scope} @ {self.started_at}"
+
+
+ROLLUP_COUNTERS = ("enqueued", "started", "succeeded", "failed", "retried", "dead")
+"""The rollup's counters, in column order (their meaning: docs/monitoring.md#trends)."""
+WAIT_COLUMNS = tuple(f"wait_{bucket:02d}" for bucket in range(BUCKETS))
+"""The wait-time histogram's bucket counts (``histograms.py``), one column each."""
+RUN_COLUMNS = tuple(f"run_{bucket:02d}" for bucket in range(BUCKETS))
+"""The run-time histogram's bucket counts, one column each."""
+
+
+class JobRollup(models.Model):
+    """Per minute, queue and task: what the workers counted as they wrote outcomes (the
+    trends of the dashboard and the metrics view); kept for ``ROLLUP_RETENTION``.
+
+    Rows are only ever upserted by adding to every column (``leases.rollups``), so any
+    number of workers write the same row at once without losing a count."""
+
+    backend = models.CharField(max_length=64, default="default")
+    minute = models.DateTimeField(help_text="The minute (UTC, database clock) counted.")
+    queue = models.CharField(max_length=128)
+    task_path = models.CharField(max_length=512)
+    enqueued = models.BigIntegerField(default=0)
+    started = models.BigIntegerField(default=0)
+    succeeded = models.BigIntegerField(default=0)
+    failed = models.BigIntegerField(default=0)
+    retried = models.BigIntegerField(default=0)
+    dead = models.BigIntegerField(default=0)
+
+    class Meta:
+        app_label = APP_LABEL
+        db_table = "leasejobs_rollup"
+        verbose_name = _("job rollup")
+        verbose_name_plural = _("job rollups")
+        default_permissions = ()
+        constraints = [
+            models.UniqueConstraint(
+                fields=["backend", "minute", "queue", "task_path"], name="leasejobs_rollup_key"
+            )
+        ]
+        # Reads of every backend at once (the dashboard, the metrics view) by minute.
+        indexes = [models.Index(fields=["minute"], name="leasejobs_rollup_minute_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.minute:%Y-%m-%d %H:%M} {self.queue} {self.task_path}"
+
+
+for _column in (*WAIT_COLUMNS, *RUN_COLUMNS):
+    JobRollup.add_to_class(_column, models.BigIntegerField(default=0))

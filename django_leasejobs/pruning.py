@@ -40,6 +40,7 @@ from .models import (
     Dependency,
     Job,
     JobAttempt,
+    JobRollup,
     JobStatus,
     Schedule,
     ScheduleRun,
@@ -83,6 +84,8 @@ class PruneResult:
     dry_run: bool
     schedule_runs: int = 0
     """Schedule runs deleted (or, in a dry run, that would be)."""
+    rollups: int = 0
+    """Rollup rows deleted (or, in a dry run, that would be)."""
 
 
 def _cutoff(older_than: timedelta) -> ExpressionWrapper:
@@ -132,6 +135,12 @@ def _old_runs(older_than: timedelta, backend: str | None, using: str) -> QuerySe
         schedules = Schedule.objects.using(using).filter(backend=backend)
         runs = runs.filter(schedule_id__in=list(schedules.values_list("pk", flat=True)))
     return runs
+
+
+def _old_rollups(retention: float, backend: str | None, using: str) -> QuerySet[JobRollup]:
+    """Rollup rows whose minute is older than ``retention`` seconds (database clock)."""
+    rows = JobRollup.objects.using(using).filter(minute__lt=_cutoff(timedelta(seconds=retention)))
+    return rows if backend is None else rows.filter(backend=backend)
 
 
 def _in_batches(
@@ -213,10 +222,12 @@ def prune(
     dry_run: bool = False,
     backend: str | None = None,
     using: str = "default",
+    rollup_retention: float | None = None,
 ) -> PruneResult:
     """Delete finished jobs whose ``finished_at`` is older than their retention (database
-    clock: see :func:`_old`), and schedule runs whose ``enqueued_at`` is older than
-    ``older_than`` (none without it).
+    clock: see :func:`_old`), schedule runs whose ``enqueued_at`` is older than
+    ``older_than`` (none without it), and rollup rows whose minute is older than
+    ``rollup_retention`` seconds (``ROLLUP_RETENTION``; none when None).
 
     Each batch is its own short transaction: lock up to ``batch_size`` matching ids
     (lowest first; rows locked by someone else are skipped where the database can),
@@ -232,6 +243,11 @@ def prune(
         if older_than is not None
         else ScheduleRun.objects.using(using).none()
     )
+    old_rollups = (
+        _old_rollups(rollup_retention, backend, using)
+        if rollup_retention is not None
+        else JobRollup.objects.using(using).none()
+    )
     age = None if older_than is None else older_than.total_seconds()
 
     if dry_run:
@@ -241,6 +257,7 @@ def prune(
             batches=-(-count // batch_size),
             dry_run=True,
             schedule_runs=old_runs.count(),
+            rollups=old_rollups.count(),
         )
 
     def delete_runs(ids: list[int]) -> int:
@@ -270,4 +287,21 @@ def prune(
             "backend": backend,
         },
     )
-    return PruneResult(count=total, batches=batches, dry_run=False, schedule_runs=runs)
+
+    def delete_rollups(ids: list[int]) -> int:
+        return JobRollup.objects.using(using).filter(pk__in=ids).delete()[0]
+
+    rollups, rollup_batches = _in_batches(old_rollups, delete_rollups, batch_size, using)
+    logger.info(
+        "pruned rollup rows count=%d",
+        rollups,
+        extra={
+            "count": rollups,
+            "batches": rollup_batches,
+            "older_than": rollup_retention,
+            "backend": backend,
+        },
+    )
+    return PruneResult(
+        count=total, batches=batches, dry_run=False, schedule_runs=runs, rollups=rollups
+    )

@@ -23,10 +23,14 @@ def reap_once(
     backend: str | None,
     using: str,
     reaper: str = "reap_stale_locks",
+    rollups: bool = True,
 ) -> list[leases.ReapedJob]:
-    """Run the reap statement once; log and signal what it recovered."""
+    """Run the reap statement once (``rollups``: counting what it reaped in the rollup
+    table); log and signal what it recovered."""
     started = time.monotonic()
-    reaped = leases.reap(stale_lock_age=stale_lock_age, backend=backend, using=using)
+    reaped = leases.reap(
+        stale_lock_age=stale_lock_age, backend=backend, using=using, rollups=rollups
+    )
     announce_reaped(
         reaped, backend=backend, using=using, reaper=reaper, duration=time.monotonic() - started
     )

@@ -541,6 +541,15 @@ def workers_smoke(ctx: Context) -> int:
     return run([python, "bench/workers.py", "--smoke", "--output", ctx.work / "workers-smoke.json"])
 
 
+# Rollups' cost (1,000 no-op jobs, one burst worker, ROLLUPS on then off, a private
+# PostgreSQL): fails when a job failed or ran twice, or the rollup table miscounted; the
+# 5 % goal is judged by the full run only (docs/benchmarks.md).
+@step("rollups-smoke", "rollups bench smoke: bench/rollups.py --smoke (a private PostgreSQL)")
+def rollups_smoke(ctx: Context) -> int:
+    python = bench_python(ctx, ctx.venv3new, ctx.py3new, "3.13 or 3.12")
+    return run([python, "bench/rollups.py", "--smoke", "--output", ctx.work / "rollups-smoke.json"])
+
+
 # Flow control (a 5,000-job backlog on one full key, and on 1,000 keys, against the claim
 # of other jobs; a private PostgreSQL, production settings): fails when a held-back job
 # was claimed, a key ran over its limit or a job was lost; the 2x goal is judged by the
@@ -725,6 +734,7 @@ GROUPS: dict[str, list[str]] = {
         "bench-smoke",
         "async-bench-smoke",
         "workers-smoke",
+        "rollups-smoke",
         "overload-smoke-postgres",
         "flow-smoke",
         "chaos-short-smoke",

@@ -1,8 +1,10 @@
-"""The queue dashboard: a view (at two addresses) with its cards, tables and chart.
+"""The queue dashboard: a view (at two addresses) with its cards, tables and trend charts.
 
-It reads everything through ``stats.collect`` on the database's clock (the paused
-queues and the queue-wide limits through ``queues.dashboard_flow`` of this package),
-and refreshes in place (``static/django_leasejobs/dashboard.js`` fetches ``?fragment=1``).
+It reads the queues' state through ``stats.collect`` on the database's clock (the paused
+queues and the queue-wide limits through ``queues.dashboard_flow`` of this package), the
+trend charts through ``trends.series`` (the rollup table only; ``?range=hour|day|week``,
+drawn by ``trend_charts.py``), and refreshes in place
+(``static/django_leasejobs/dashboard.js`` fetches the same range with ``fragment=1``).
 """
 
 from __future__ import annotations
@@ -16,38 +18,13 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.translation import gettext_lazy as _
 
-from .. import stats
+from .. import stats, trends
 from ..models import Job, Queue, QueueDashboard
 from .clock import online_after
 from .queues import QueueFlow, dashboard_flow
+from .trend_charts import trend_chart
 
 DASHBOARD_REFRESH_SECONDS = 5
-
-
-def chart_bars(
-    per_minute: list[stats.MinuteCount], width: int = 600, height: int = 120
-) -> dict[str, Any]:
-    """Geometry of the per-minute succeeded/failed bar chart (rendered as SVG)."""
-    peak = max([m.succeeded + m.failed for m in per_minute] + [1])
-    slot = width / max(len(per_minute), 1)
-    bars = []
-    for i, minute in enumerate(per_minute):
-        ok_h = minute.succeeded / peak * height
-        fail_h = minute.failed / peak * height
-        bars.append(
-            {
-                "x": round(i * slot + 1, 1),
-                "w": round(max(slot - 2, 1), 1),
-                "ok_y": round(height - ok_h, 1),
-                "ok_h": round(ok_h, 1),
-                "fail_y": round(height - ok_h - fail_h, 1),
-                "fail_h": round(fail_h, 1),
-                "label": (
-                    f"{minute.minute:%H:%M} succeeded {minute.succeeded}, failed {minute.failed}"
-                ),
-            }
-        )
-    return {"bars": bars, "width": width, "height": height, "peak": peak}
 
 
 def queue_rows(
@@ -67,6 +44,10 @@ def dashboard_response(site: admin.AdminSite, request: HttpRequest) -> HttpRespo
 
     database = Job.objects.db
     health = stats.collect(using=database, online_after=online_after())
+    range_name = request.GET.get("range", trends.DEFAULT_RANGE)
+    if range_name not in trends.RANGES:
+        range_name = trends.DEFAULT_RANGE
+    trend = trends.series(range_name, now=health.now, using=database)
     may_see_queues = site.is_registered(Queue) and request.user.has_perm(
         "django_leasejobs.view_queue"
     )
@@ -75,7 +56,8 @@ def dashboard_response(site: admin.AdminSite, request: HttpRequest) -> HttpRespo
         "title": _("Queue dashboard"),
         "health": health,
         "totals": health.totals,
-        "chart": chart_bars(health.per_minute),
+        "chart": trend_chart(trend),
+        "ranges": [(r.name, r.label) for r in trends.RANGES.values()],
         "queue_rows": queue_rows(health, dashboard_flow(database, health.now)),
         "queue_changelist": reverse(f"{site.name}:django_leasejobs_queue_changelist")
         if may_see_queues

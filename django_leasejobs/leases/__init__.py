@@ -20,6 +20,7 @@ ORM expression the models' defaults need, in ``functions.py``), split by concern
 * ``fenced``: the lease holder's fenced writes to many rows, on both paths;
 * ``claim``, ``renew``, ``finish``, ``reap``, ``operator``, ``enqueue``: the
   statements, built from the above;
+* ``rollups``: the rollup table's upsert (per-minute counts the workers add);
 * ``keys``: the job an enqueue with a dedup key returns (unique while active, and within
   a ``unique_for`` window), and debounce's replacement of a pending job;
 * ``flow``: the claim of jobs under flow control (paused queues, concurrency and rate
@@ -67,6 +68,7 @@ from .keys import debounce, key_holder, runnable_after
 from .operator import backend_database, cancel, retry
 from .reap import find_stale, reap
 from .renew import renew, save_checkpoint, save_metadata, set_progress
+from .rollups import ENDING_COUNTERS, RollupKey, Tally, add_tally, minute_of
 from .rules import (
     MAX_ERROR_CLASS_LENGTH,
     MAX_ERROR_LENGTH,
@@ -99,6 +101,7 @@ from .workflow_ops import (
 )
 
 __all__ = [
+    "ENDING_COUNTERS",
     "MAX_ERROR_CLASS_LENGTH",
     "MAX_ERROR_LENGTH",
     "MAX_PROGRESS_MESSAGE_LENGTH",
@@ -121,10 +124,13 @@ __all__ = [
     "ReapedJob",
     "RenewResult",
     "RetryResult",
+    "RollupKey",
     "RowLocked",
     "Settled",
+    "Tally",
     "WorkflowCancel",
     "WriteResult",
+    "add_tally",
     "backend_database",
     "can_copy",
     "can_insert_notify",
@@ -147,6 +153,7 @@ __all__ = [
     "insert_job",
     "key_holder",
     "mark_cancelled",
+    "minute_of",
     "notify",
     "parent_outcomes",
     "portable_path",

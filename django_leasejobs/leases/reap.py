@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from django.db import connections, transaction
@@ -10,8 +11,10 @@ from django.db import connections, transaction
 from ..models import AttemptOutcome, Job
 from .dependants import EndedStep, repair_waiting, settle_and_notify
 from .dialect import Dialect, dialect, retry_deadlocks
+from .enqueue import database_now
 from .fenced import lock_update_read
 from .finish import FINAL_STATUSES, insert_attempts
+from .rollups import ENDING_COUNTERS, RollupKey, Tally, add_tally, minute_of
 from .rules import REAP_ERROR_CLASS, REAP_ERROR_MESSAGE, reaped_is_final, reaped_status
 from .values import ErrorInfo, Failure, ReapedJob
 
@@ -51,7 +54,11 @@ def _stale_where(d: Dialect, stale_lock_age: float, backend: str | None) -> tupl
 
 
 def reap(
-    *, stale_lock_age: float = 0.0, backend: str | None = None, using: str = "default"
+    *,
+    stale_lock_age: float = 0.0,
+    backend: str | None = None,
+    using: str = "default",
+    rollups: bool = True,
 ) -> list[ReapedJob]:
     """Recover every running job whose lease expired ``stale_lock_age`` seconds ago or more.
 
@@ -68,6 +75,9 @@ def reap(
     claimed): it is runnable at once and keeps its place in the claim order
     (priority, then ``run_after``, then id), ahead of every job that became ready
     after it, instead of going to the back of a backlog.
+
+    ``rollups``: count the reaped attempts in the rollup table (``failed``, ``dead``, or
+    ``retried`` for a job put back), in the same transaction.
     """
     d = dialect(using)
     where, where_params = _stale_where(d, stale_lock_age, backend)
@@ -123,12 +133,24 @@ def reap(
                     and job.status in FINAL_STATUSES
                 ],
             )
+            if rollups and reaped:
+                add_tally(_reap_tally(reaped, database_now(using)), using=using)
         return sorted(reaped, key=lambda job: job.id)
 
     reaped = retry_deadlocks(d.using, reap_rows)
     # Waiting workflow steps left behind by a write that did not settle them.
     retry_deadlocks(d.using, lambda: repair_waiting(d, backend=backend))
     return reaped
+
+
+def _reap_tally(reaped: Sequence[ReapedJob], now: datetime) -> Tally:
+    """What a reap pass adds to the rollup table, in the minute of the reap."""
+    tally = Tally()
+    for job in reaped:
+        counter = ENDING_COUNTERS.get(job.status)
+        if counter is not None:
+            tally.count(RollupKey(job.backend, minute_of(now), job.queue, job.task_path), counter)
+    return tally
 
 
 def _reaped(row: Sequence[Any]) -> ReapedJob:

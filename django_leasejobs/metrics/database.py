@@ -8,17 +8,22 @@ at the same database time.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .. import stats
+from .. import stats, trends
 from ..backend import LeaseJobsBackend
 from ..compat import task_backends
 from ..models import Job
 from ..schedules import operations
 
 JOB_STATES = ("ready", "scheduled", "running", "dead")
+ROLLUP_EVENTS = ("enqueued", "started", "succeeded", "failed", "retried", "dead")
+QUANTILES = (0.5, 0.95)
+ONE_MINUTE = timedelta(minutes=1)
+ONE_HOUR = timedelta(hours=1)
 
 
 def _lease_backends() -> list[LeaseJobsBackend]:
@@ -48,6 +53,7 @@ class QueueCollector(Collector):
             value=health.workers_online,
         )
         yield _overdue_gauge(backends, health, using)
+        yield from _rollup_gauges(health.now, using)
 
 
 def _job_gauges(health: stats.Health) -> Iterator[GaugeMetricFamily]:
@@ -96,3 +102,48 @@ def _overdue_gauge(
             views = operations.overview(backend.alias, now=now)
             overdue.add_metric([backend.alias], sum(1 for view in views if view.overdue))
     return overdue
+
+
+def _rollup_gauges(now: datetime, using: str) -> Iterator[GaugeMetricFamily]:
+    """The rollup table's numbers (``trends.per_task``): counts of the last complete minute
+    and of the last hour, and the last hour's wait and run percentiles, per backend, queue
+    and task."""
+    labels = ["backend", "queue", "task"]
+    minute = trends.minute_start(now)
+    last_minute = GaugeMetricFamily(
+        "leasejobs_rollup_jobs_last_minute",
+        "Jobs per event in the last complete minute (rollup): enqueued, started, succeeded, "
+        "failed, retried, dead.",
+        labels=[*labels, "event"],
+    )
+    last_hour = GaugeMetricFamily(
+        "leasejobs_rollup_jobs_last_hour",
+        "Jobs per event in the last 60 complete minutes (rollup).",
+        labels=[*labels, "event"],
+    )
+    waits = GaugeMetricFamily(
+        "leasejobs_rollup_wait_seconds_last_hour",
+        "Wait from enqueue to the first start, percentiles over the last 60 complete minutes "
+        "(rollup histogram: within a factor of sqrt(2)).",
+        labels=[*labels, "quantile"],
+    )
+    runs = GaugeMetricFamily(
+        "leasejobs_rollup_run_seconds_last_hour",
+        "Run time of attempts with an outcome, percentiles over the last 60 complete minutes "
+        "(rollup histogram: within a factor of sqrt(2)).",
+        labels=[*labels, "quantile"],
+    )
+    for family, since in ((last_minute, minute - ONE_MINUTE), (last_hour, minute - ONE_HOUR)):
+        for row in trends.per_task(since=since, until=minute, using=using):
+            key = [row.backend, row.queue, row.task_path]
+            for event in ROLLUP_EVENTS:
+                family.add_metric([*key, event], getattr(row.totals, event))
+            if family is last_hour:
+                for q in QUANTILES:
+                    wait = row.totals.wait_percentile(q)
+                    run = row.totals.run_percentile(q)
+                    if wait is not None:
+                        waits.add_metric([*key, f"{q:g}"], wait)
+                    if run is not None:
+                        runs.add_metric([*key, f"{q:g}"], run)
+    yield from (last_minute, last_hour, waits, runs)

@@ -25,6 +25,7 @@ from ..conf import Options
 from ..leases import storable_text
 from .inbox import NextDue
 from .rounds import RoundContext, RoundPlan, RoundResult, run_round
+from .tallies import round_tally
 
 logger = logging.getLogger("django_leasejobs")
 
@@ -67,6 +68,8 @@ class RoundDriver:
         worker's queues (None: none pending); only looked up while listening."""
         self.problem = ""
         """'' or what keeps rounds failing (for the worker's registry row)."""
+        self._unsent: leases.Tally | None = None
+        """Rollup counts a round could not write, handed to the next round."""
 
     # -- the database thread -------------------------------------------------------------
 
@@ -100,6 +103,7 @@ class RoundDriver:
             # No NOTIFY, no full batch: only the timer brought this claim.
             plan.look_first = listening and not (plan.writes or self.claim_wanted or burst)
             self.claim_wanted = False
+        plan.rollup_carry, self._unsent = self._unsent, None
         ctx = RoundContext(
             worker_id=self.worker_id,
             database=self.database,
@@ -123,6 +127,7 @@ class RoundDriver:
         plan, future, started = self._round
         self._round = None
         result = future.result()
+        self._unsent = result.rollup_unsent
         if result.flow_held:
             self._flow_held_until = time.monotonic() + self.options.poll_interval
         self._next_due = result.next_due
@@ -163,8 +168,12 @@ class RoundDriver:
                         "none pending" if known_due is None else f"next in {known_due:.3f}s",
                         extra={"worker": self.worker_id},
                     )
-                    return RoundResult(claimed=[], next_due=known_due)
+                    return RoundResult(
+                        claimed=[], next_due=known_due, rollup_unsent=plan.rollup_carry
+                    )
         result = run_round(plan, ctx)
+        if self.options.rollups:
+            result.rollup_unsent = self._add_rollup(plan, result)
         if result.error is None:
             try:
                 self._notify_given_back(plan, result)
@@ -182,6 +191,32 @@ class RoundDriver:
                 with contextlib.suppress(DatabaseError):
                     connections[self.database].close()
         return result
+
+    def _add_rollup(self, plan: RoundPlan, result: RoundResult) -> leases.Tally | None:
+        """The round's counts (with those an earlier round could not write), in one upsert
+        right after it (``leases.add_tally``); the counts not written, if it fails.
+
+        A separate statement: the outcomes are committed by then, so a worker killed in
+        between loses this round's counts (never an outcome).
+        """
+        tally = round_tally(plan, result, self.backend)
+        if plan.rollup_carry is not None:
+            tally.merge(plan.rollup_carry)
+        if not tally:
+            return None
+        try:
+            leases.add_tally(tally, using=self.database)
+        except Exception as exc:
+            error = storable_text(exc, 500)
+            logger.warning(
+                "rollup counts not written, kept for the next round: %s",
+                error,
+                extra={"worker": self.worker_id, "error": error, "rows": len(tally.rows)},
+            )
+            with contextlib.suppress(DatabaseError):
+                connections[self.database].close()
+            return tally
+        return None
 
     def _notify_given_back(self, plan: RoundPlan, result: RoundResult) -> None:
         queues: set[str] = set()

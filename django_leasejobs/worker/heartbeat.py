@@ -192,7 +192,10 @@ class Heartbeat(WorkerThread):
         ctx = self.ctx
         started = time.monotonic()
         reaped = leases.reap(
-            stale_lock_age=ctx.options.stale_lock_age, backend=ctx.backend.alias, using=ctx.database
+            stale_lock_age=ctx.options.stale_lock_age,
+            backend=ctx.backend.alias,
+            using=ctx.database,
+            rollups=ctx.options.rollups,
         )
         self._reap_took = time.monotonic() - started
         return reaped

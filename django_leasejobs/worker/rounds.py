@@ -81,6 +81,9 @@ class RoundPlan:
     look_first: bool = False
     """The safety poll of an idle listening worker: the worker first looks up when the
     next job of its queues comes due, and claims only if one is due already."""
+    rollup_carry: leases.Tally | None = None
+    """Rollup counts an earlier round could not write (``RoundDriver``), written with
+    this round's."""
     history: bool = False
     """Fetch the attempt rows of jobs that finish in this round after an earlier attempt
     (``task_finished`` receivers get every attempt's error and worker)."""
@@ -129,6 +132,8 @@ class RoundResult:
     """After an empty claim of a listening worker: seconds until its next pending job
     comes due (None: none pending, or not looked up)."""
     error: Exception | None = None
+    rollup_unsent: leases.Tally | None = None
+    """Rollup counts this round could not write: the next round writes them."""
 
 
 @dataclass(frozen=True, slots=True)

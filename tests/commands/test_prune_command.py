@@ -188,6 +188,7 @@ def test_dry_run_counts_and_deletes_nothing(leasejobs_log: ListHandler) -> None:
     assert lines == [
         "dry run: would prune finished jobs count=5 batches=3 statuses=succeeded,cancelled",
         "dry run: would prune schedule runs count=0",
+        "dry run: would prune rollup rows count=0",
     ]
     output = prune("--older-than", "7d", "--dry-run", "--include-failed")
     assert "dry run: would prune finished jobs count=7 " in output
@@ -242,7 +243,11 @@ def test_old_schedule_runs_go_the_schedules_stay(leasejobs_log: ListHandler) -> 
 
     output = prune("--older-than", "7d", "--batch-size", "2").splitlines()
 
-    assert output == ["pruned finished jobs count=0", "pruned schedule runs count=5"]
+    assert output == [
+        "pruned finished jobs count=0",
+        "pruned schedule runs count=5",
+        "pruned rollup rows count=0",
+    ]
     assert runs_left(old) == set()
     assert runs_left(recent) == set(recent)
     assert runs_left(theirs) == set(theirs)  # another backend's

@@ -117,6 +117,19 @@ def _finished_jobs(per_minute: dict[int, int], status: str, **fields: Any) -> in
     return sum(per_minute.values())
 
 
+def _rollup(per_minute: dict[int, int], counter: str, queue: str) -> None:
+    """What workers would have counted: ``count`` outcomes ``minutes`` ago (database clock)."""
+    now = leases.database_now()
+    tally = leases.Tally()
+    for minutes, count in per_minute.items():
+        at = leases.minute_of(now - timedelta(minutes=minutes))
+        key = leases.RollupKey("default", at, queue, tasks.add.module_path)
+        tally.count(key, counter, count)
+        tally.count(key, "started", count)
+        tally.run(key, 0.02 * minutes)
+    leases.add_tally(tally, using="default")
+
+
 def _dead_letter() -> Job:
     """A job of a task that succeeds, made dead by a worker that vanished (max_stalls=1)."""
     job = make_job(queue="default", args=[2, 3], max_stalls=1)
@@ -159,7 +172,9 @@ def test_dashboard_shows_the_queues_and_refreshes_in_place(
     failed = _finished_jobs(
         FAILED_AT, JobStatus.FAILED, queue="low", attempt=3, last_error="ValueError: nope"
     )
-    _dead_letter()
+    _rollup(SUCCEEDED_AT, "succeeded", "default")
+    _rollup(FAILED_AT, "failed", "low")
+    _dead_letter()  # (the reaper counts it in the rollup: dead, now)
     running = _running_job_with_progress()
     make_ready(*make_jobs(READY_LOW, queue="low"), seconds_ago=300)
     scheduled = make_jobs(SCHEDULED_LOW, queue="low")
@@ -194,16 +209,18 @@ def test_dashboard_shows_the_queues_and_refreshes_in_place(
     assert running_row.locator("progress").get_attribute("value") == "0.400"
     assert "web-1" in page.inner_text("#lj-workers-table")
 
-    # The chart: one green bar per minute with successes, one red per minute with
-    # failures (the dead letter's minute included), the busiest minute full height.
+    # The chart (from the rollup): one green bar per minute with successes, one red per
+    # minute with failures (the dead letter's minute included), the busiest minute full
+    # height.
     chart = page.locator("#lj-chart")
     assert chart.is_visible()
     assert chart.locator("rect.lj-ok").count() == len(SUCCEEDED_AT)
     assert chart.locator("rect.lj-fail").count() == len(FAILED_AT) + 1
     chart_height = float(chart.get_attribute("viewBox").split()[3])
-    heights = chart.locator("rect").evaluate_all("rs => rs.map(r => r.getAttribute('height'))")
+    bars = chart.locator("rect.lj-ok, rect.lj-fail")
+    heights = bars.evaluate_all("rs => rs.map(r => r.getAttribute('height'))")
     assert max(float(h) for h in heights) == chart_height
-    assert f"peak {max(SUCCEEDED_AT.values())}/min" in page.inner_text(".leasejobs-legend")
+    assert f"peak {max(SUCCEEDED_AT.values())} per step" in page.inner_text(".leasejobs-legend")
     page.screenshot(path=shots / "dashboard_initial.png", full_page=True)
 
     # -- in-place refresh: a new job shows up without a navigation -----------------------
@@ -519,4 +536,57 @@ def test_the_search_by_argument_finds_a_customers_jobs(
     page.wait_for_selector(".messagelist .error")
     assert "starts with a position (args.0:42)" in page.inner_text(".messagelist .error")
     assert page.locator("#result_list tbody tr").count() == 0
+    assert problems.items == []
+
+
+@pytest.mark.parametrize("device", ["browser", "phone"])
+def test_the_trend_charts_switch_ranges_and_fit_the_screen(
+    live_server: Any, request: pytest.FixtureRequest, device: str, shots: Path
+) -> None:
+    """At 1366 px with the sidebar open and on a phone: the range links switch the charts
+    (bookmarkable ``?range=``), the refresh keeps the range, nothing scrolls sideways, and
+    every step says its numbers in a ``<title>``."""
+    context = request.getfixturevalue(device)  # (the browser's sidebar is open)
+    get_user_model().objects.create_superuser("boss", "boss@example.com", PASSWORD)
+    _rollup({3: 4, 50: 2}, "succeeded", "default")
+    _rollup({90: 5, 600: 1}, "failed", "low")  # 1.5 h and 10 h ago: the day's
+    _rollup({3 * 24 * 60: 7}, "succeeded", "default")  # 3 days ago: the week's
+    page = context.new_page()
+    problems = PageProblems(page)
+    log_in(page, live_server.url, "boss", PASSWORD)
+    page.goto(f"{live_server.url}/admin/django_leasejobs/job/dashboard/")
+    page.wait_for_selector("#lj-chart")
+    width = page.viewport_size["width"]
+    expected = {"hour": ("6", "0"), "day": ("6", "6"), "week": ("13", "6")}
+    for name, label in (
+        ("hour", "last hour, per minute"),
+        ("day", "last day, per hour"),
+        ("week", "last week, per 6 hours"),
+    ):
+        if name != "hour":
+            page.get_by_role("link", name=label).click()
+            page.wait_for_selector(f'#lj-chart[data-range="{name}"]')
+            assert page.url.endswith(f"?range={name}")
+        current = page.locator(".leasejobs-ranges [aria-current='page']")
+        assert current.inner_text() == label
+        succeeded, failed = expected[name]
+        assert _text(page, "#lj-trend-succeeded") == succeeded, name
+        assert _text(page, "#lj-trend-failed") == failed, name
+        for chart in ("#lj-chart", "#lj-times"):
+            box = page.locator(chart).bounding_box()
+            assert box is not None and box["width"] > 0 and box["x"] + box["width"] <= width
+        assert page.locator("#lj-times polyline").count() >= 1
+        titles = page.locator("#lj-chart g.lj-step > title").all_text_contents()
+        assert any("succeeded" in t and "failed" in t for t in titles)
+        assert page_overflow(page) == 0, f"{name} on {device}"
+        page.screenshot(path=shots / f"trends_{name}_{device}.png", full_page=True)
+    # The refresh fetches the same range.
+    root = page.locator("#leasejobs-dashboard")
+    assert root.get_attribute("data-refresh-url") == "?range=week&fragment=1"
+    page.wait_for_function(
+        "() => document.getElementById('leasejobs-dashboard').dataset.refreshed !== undefined",
+        timeout=(REFRESH_SECONDS * 2 + 5) * 1000,
+    )
+    assert page.locator('#lj-chart[data-range="week"]').count() == 1
+    assert _text(page, "#lj-trend-succeeded") == "13"
     assert problems.items == []

@@ -59,6 +59,7 @@ class Command(BaseCommand):
                 dry_run=options["dry_run"],
                 backend=backend.alias,
                 using=backend.database,
+                rollup_retention=backend.config.rollup_retention,
             )
         except DatabaseError as exc:
             raise database_failure(backend, exc) from exc
@@ -69,6 +70,8 @@ class Command(BaseCommand):
                 f"batches={result.batches} statuses={statuses}"
             )
             self.stdout.write(f"dry run: would prune schedule runs count={result.schedule_runs}")
+            self.stdout.write(f"dry run: would prune rollup rows count={result.rollups}")
             return
         self.stdout.write(f"pruned finished jobs count={result.count}")
         self.stdout.write(f"pruned schedule runs count={result.schedule_runs}")
+        self.stdout.write(f"pruned rollup rows count={result.rollups}")

@@ -65,7 +65,13 @@ class Command(BaseCommand):
                 signal.signal(signum, lambda *_: stop.set())
         while True:
             try:
-                self._one_pass(backend.alias, backend.database, age, options["dry_run"])
+                self._one_pass(
+                    backend.alias,
+                    backend.database,
+                    age,
+                    options["dry_run"],
+                    rollups=backend.config.rollups,
+                )
             except DatabaseError as exc:
                 failure = database_failure(backend, exc)
                 if not options["loop"]:
@@ -75,7 +81,9 @@ class Command(BaseCommand):
             if not options["loop"] or stop.wait(interval):
                 return
 
-    def _one_pass(self, alias: str, database: str, age: float, dry_run: bool) -> None:
+    def _one_pass(
+        self, alias: str, database: str, age: float, dry_run: bool, *, rollups: bool
+    ) -> None:
         if dry_run:
             stale = leases.find_stale(stale_lock_age=age, backend=alias, using=database)
             for job in stale:
@@ -86,7 +94,7 @@ class Command(BaseCommand):
                 )
             self.stdout.write(f"dry run: would release stale running jobs count={len(stale)}")
             return
-        reaped = reap_once(stale_lock_age=age, backend=alias, using=database)
+        reaped = reap_once(stale_lock_age=age, backend=alias, using=database, rollups=rollups)
         for reaped_job in reaped:
             self.stdout.write(
                 f"reaped job {reaped_job.id} attempt {reaped_job.attempt} -> {reaped_job.status}"

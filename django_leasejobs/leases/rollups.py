@@ -1,0 +1,138 @@
+"""The rollup table's one write: counts added to per-minute rows, by one upsert.
+
+A :class:`Tally` is what a writer counted in memory (a worker's database round, a reap
+pass): per :class:`RollupKey` (backend, minute, queue, task), counters and two
+histograms (``histograms.py``). :func:`add_tally` adds all of it to ``leasejobs_rollup``
+in ONE statement, ``INSERT ... ON CONFLICT ... DO UPDATE SET c = c + excluded.c``
+(PostgreSQL, SQLite) or ``ON DUPLICATE KEY UPDATE c = c + VALUES(c)`` (MySQL, MariaDB):
+every column only grows by what the writer adds, so any number of writers at once lose
+nothing. Rows go in key order, so two writers lock the same rows in the same order.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connections
+
+from ..histograms import BUCKETS, bucket_of
+from ..models import ROLLUP_COUNTERS, RUN_COLUMNS, WAIT_COLUMNS, JobRollup
+from .dialect import dialect, placeholders, retry_deadlocks
+
+KEY_COLUMNS = ("backend", "minute", "queue", "task_path")
+VALUE_COLUMNS = (*ROLLUP_COUNTERS, *WAIT_COLUMNS, *RUN_COLUMNS)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class RollupKey:
+    """One row of the rollup table: a backend's minute of one queue and task."""
+
+    backend: str
+    minute: datetime
+    """The minute's start (seconds and microseconds zero), UTC."""
+    queue: str
+    task_path: str
+
+
+_COUNTER_AT = {name: index for index, name in enumerate(ROLLUP_COUNTERS)}
+_WAIT_AT = len(ROLLUP_COUNTERS)
+_RUN_AT = _WAIT_AT + BUCKETS
+
+
+ENDING_COUNTERS = {
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "dead": "dead",
+    "pending": "retried",
+}
+"""The counter of an ended attempt by the job's new status: ``pending`` is a failed attempt
+after which the job runs again (a snooze is not counted: it is no failure); an attempt
+ending ``cancelled`` counts in none."""
+
+
+def minute_of(moment: datetime) -> datetime:
+    """The start of the minute ``moment`` falls in."""
+    return moment.replace(second=0, microsecond=0)
+
+
+class Tally:
+    """Counts made in memory, added to the rollup table by :func:`add_tally`.
+
+    Per key, one count per column of ``VALUE_COLUMNS`` (counters may be negative: a claim
+    given back unused takes back its ``started``)."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self) -> None:
+        self.rows: dict[RollupKey, list[int]] = {}
+
+    def _row(self, key: RollupKey) -> list[int]:
+        row = self.rows.get(key)
+        if row is None:
+            row = self.rows[key] = [0] * len(VALUE_COLUMNS)
+        return row
+
+    def count(self, key: RollupKey, counter: str, n: int = 1) -> None:
+        """Add ``n`` to ``counter`` (one of ``ROLLUP_COUNTERS``) of ``key``'s row."""
+        self._row(key)[_COUNTER_AT[counter]] += n
+
+    def wait(self, key: RollupKey, seconds: float, n: int = 1) -> None:
+        self._row(key)[_WAIT_AT + bucket_of(seconds)] += n
+
+    def run(self, key: RollupKey, seconds: float) -> None:
+        self._row(key)[_RUN_AT + bucket_of(seconds)] += 1
+
+    def merge(self, other: Tally) -> None:
+        """Add ``other``'s counts to this tally."""
+        for key, values in other.rows.items():
+            row = self._row(key)
+            for index, value in enumerate(values):
+                row[index] += value
+
+    def __bool__(self) -> bool:
+        return any(any(values) for values in self.rows.values())
+
+
+@functools.lru_cache(maxsize=64)
+def _upsert_sql(using: str, rows: int) -> str:
+    """The upsert of ``rows`` rows on ``using`` (the same text for the same count)."""
+    d = dialect(using)
+    table = d.q(JobRollup._meta.db_table)
+    columns = (*KEY_COLUMNS, *VALUE_COLUMNS)
+    names = ", ".join(d.q(c) for c in columns)
+    values = ", ".join([f"({placeholders(len(columns))})"] * rows)
+    if d.vendor == "mysql":
+        update = ", ".join(f"{d.q(c)} = {d.q(c)} + VALUES({d.q(c)})" for c in VALUE_COLUMNS)
+        upsert = f"ON DUPLICATE KEY UPDATE {update}"
+    else:
+        update = ", ".join(
+            f"{d.q(c)} = {table}.{d.q(c)} + excluded.{d.q(c)}" for c in VALUE_COLUMNS
+        )
+        conflict = ", ".join(d.q(c) for c in KEY_COLUMNS)
+        upsert = f"ON CONFLICT ({conflict}) DO UPDATE SET {update}"
+    return f"INSERT INTO {table} ({names}) VALUES {values} {upsert}"  # noqa: S608 - identifiers quoted, values bound
+
+
+def add_tally(tally: Tally, *, using: str) -> int:
+    """Add ``tally`` to the rollup table in one statement (in the caller's transaction,
+    if any); return the rows it touched. Nothing is sent when there is nothing to add."""
+    rows = sorted((key, values) for key, values in tally.rows.items() if any(values))
+    if not rows:
+        return 0
+    connection = connections[using]
+    adapt = connection.ops.adapt_datetimefield_value
+    params: list[Any] = []
+    for key, values in rows:
+        params.extend((key.backend, adapt(key.minute), key.queue, key.task_path))
+        params.extend(values)
+    sql = _upsert_sql(using, len(rows))
+
+    def upsert_rows() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+        return len(rows)
+
+    return retry_deadlocks(using, upsert_rows)  # (in a transaction: the caller's to run again)
