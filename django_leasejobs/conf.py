@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .alert_spec import AlertRule, parse_alert_rules
 from .durations import as_seconds, duration_problem
 from .limits import FlowRules, Rate, limit_problem, parse_rate, rate_problem
 from .retry import Backoff, backoff_problems
@@ -106,6 +107,10 @@ class Options:
     queue_result_ttl: dict[str, float] = field(default_factory=dict)
     """``QUEUE_RESULT_TTL``: seconds a finished job of each queue is kept (``prune_jobs``),
     unless the job has a ``result_ttl`` of its own."""
+    alerts: tuple[AlertRule, ...] = ()
+    """``ALERTS``: the rules every worker of the backend evaluates (``alerts/``)."""
+    alert_check_interval: float = 30.0
+    """How often each worker evaluates the ``ALERTS`` rules (seconds)."""
 
     @property
     def local_lease_deadline(self) -> float:
@@ -127,6 +132,7 @@ _NUMBERS: dict[str, tuple[str, type, float, bool]] = {
     "POLL_INTERVAL": ("poll_interval", float, 0, True),
     "IDLE_POLL_INTERVAL": ("idle_poll_interval", float, 0, True),
     "UNKNOWN_TASK_GRACE": ("unknown_task_grace", float, 0, False),
+    "ALERT_CHECK_INTERVAL": ("alert_check_interval", float, 0, True),
 }
 KNOWN_OPTIONS = frozenset(
     {
@@ -140,6 +146,7 @@ KNOWN_OPTIONS = frozenset(
         "QUEUE_LIMITS",
         "QUEUE_RATE_LIMITS",
         "QUEUE_RESULT_TTL",
+        "ALERTS",
     }
 )
 MAX_QUEUE_NAME = 128
@@ -391,6 +398,10 @@ def parse_options(
     problems.extend(ttl_problems)
     if queue_result_ttl:
         values["queue_result_ttl"] = queue_result_ttl
+
+    if "ALERTS" in raw:
+        values["alerts"], alert_problems = parse_alert_rules(raw["ALERTS"])
+        problems.extend(Problem(p.id, p.msg, p.hint) for p in alert_problems)
 
     behavior_sources = []
     if "LOCK_LOST_BEHAVIOR" in raw:

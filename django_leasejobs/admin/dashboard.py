@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils.translation import gettext_lazy as _
 
 from .. import stats
+from ..alerts.banner import firing
 from ..models import Job, Queue, QueueDashboard
 from .clock import online_after
 from .queues import QueueFlow, dashboard_flow
@@ -74,6 +75,7 @@ def dashboard_response(site: admin.AdminSite, request: HttpRequest) -> HttpRespo
         **site.each_context(request),
         "title": _("Queue dashboard"),
         "health": health,
+        "alerts": firing(database),
         "totals": health.totals,
         "chart": chart_bars(health.per_minute),
         "queue_rows": queue_rows(health, dashboard_flow(database, health.now)),
