@@ -87,6 +87,11 @@ kind, state ``"firing"``, value, threshold, queue, task, message, fired_at, inte
 Receivers run in that worker's alert thread: send mail or post a webhook from a job they
 enqueue, not in the receiver (docs/monitoring.md)."""
 
+alerts_evaluated = Signal()
+"""A worker's alert thread ended a pass over the backend's ``ALERTS`` rules. Extra:
+worker_id, rules (how many), delivered (alerts it fired or resolved), duration
+(seconds), error (the ``DatabaseError`` that failed it, or None)."""
+
 alert_resolved = Signal()
 """A firing rule's condition no longer holds: sent once, by the worker whose write marked
 it resolved. Extra: worker_id, alert (state ``"resolved"``, the value measured then,

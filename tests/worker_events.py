@@ -41,6 +41,7 @@ WORKER_SIGNALS: dict[str, Signal] = {
         "job_succeeded",
         "job_failed",
         "lease_lost",
+        "alerts_evaluated",
         "alert_fired",
         "alert_resolved",
     )

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from django.db import DatabaseError
 
 from ..alerts.evaluation import run_pass
+from ..signals import alerts_evaluated
 from .threads import ThreadContext, WorkerThread
 
 logger = logging.getLogger("django_leasejobs")
@@ -29,12 +31,25 @@ class AlertWatch(WorkerThread):
         wait = 0.0  # the first pass at once: a worker that starts tells what it finds
         while not self.stop_event.wait(wait):
             wait = ctx.options.alert_check_interval
+            started = time.monotonic()
+            delivered = 0
+            error: DatabaseError | None = None
             try:
-                run_pass(ctx.backend, worker_id=ctx.worker_id)
+                delivered = len(run_pass(ctx.backend, worker_id=ctx.worker_id).delivered)
             except DatabaseError as exc:
+                error = exc
                 logger.warning(
                     "alert pass failed: %s",
                     exc,
                     extra={"worker": ctx.worker_id, "error": str(exc)},
                 )
                 self._reset_connection()
+            alerts_evaluated.send_robust(
+                type(ctx.backend),
+                backend=ctx.backend.alias,
+                worker_id=ctx.worker_id,
+                rules=len(ctx.options.alerts),
+                delivered=delivered,
+                duration=time.monotonic() - started,
+                error=error,
+            )
