@@ -56,7 +56,9 @@ def jobs(
         rows.update(run_after=ago(ready_ago))
 
 
-def worker(worker_id: str, queues: list[str], *, seen_ago: float = 0, stopped: bool = False) -> None:
+def worker(
+    worker_id: str, queues: list[str], *, seen_ago: float = 0, stopped: bool = False
+) -> None:
     Worker.objects.create(
         id=worker_id,
         host="h",
