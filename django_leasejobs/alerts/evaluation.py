@@ -46,7 +46,7 @@ def run_pass(backend: LeaseJobsBackend, *, worker_id: str) -> PassReport:
         if found.value is None:
             continue
         firing = rule.reached(found.value)
-        message = f"{rule.name}: {found.detail}"
+        message = found.detail
         change = (state.fire if firing else state.resolve)(alias, rule, found.value, message, using)
         if change is None:
             continue

@@ -26,7 +26,7 @@ class Alert:
     queue: str | None
     task: str | None
     message: str
-    """One line for people: the rule, what was measured, the threshold."""
+    """One line for people: what was measured, and the threshold."""
     fired_at: datetime
     """When the alert fired (database clock); for a resolve, the alert it ends."""
     interval: float

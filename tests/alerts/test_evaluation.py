@@ -73,7 +73,7 @@ def test_a_pass_fires_once_and_resolves_once(
         3600,
     )
     assert alert.message == (
-        "dead: 2 jobs of queue 'default' became dead letters in the last 10 min (threshold 2)"
+        "2 jobs of queue 'default' became dead letters in the last 10 min (threshold 2)"
     )
     [(kind, kwargs)] = received
     assert kind == "fired"
@@ -131,6 +131,6 @@ def test_without_a_verdict_nothing_changes(received: list[tuple[str, dict[str, A
     [alert] = run_pass(backend(rules), worker_id="w1").delivered
     assert alert.value == pytest.approx(0.75)
     assert alert.message == (
-        "rate: failure rate 75%: 3 of 4 jobs of every queue that finished in the last "
+        "failure rate 75%: 3 of 4 jobs of every queue that finished in the last "
         "10 min failed (threshold 50%)"
     )

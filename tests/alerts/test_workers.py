@@ -77,9 +77,7 @@ def test_each_rule_kind_fires_once_across_three_workers(workers: Workers) -> Non
     assert 600 <= by_rule["waits"]["value"] < 700
     assert by_rule["nobody-on-low"]["value"] == 0
     assert all(a["state"] == "firing" and a["backend"] == "default" for a in fired)
-    assert by_rule["nobody-on-low"]["message"] == (
-        "nobody-on-low: no worker online serves queue 'low'"
-    )
+    assert by_rule["nobody-on-low"]["message"] == "no worker online serves queue 'low'"
     rows = AlertState.objects.filter(state=AlertStatus.FIRING)
     assert sorted(rows.values_list("name", flat=True)) == sorted(names)
     assert all(w.popen.poll() is None for w in started)  # the raising receivers stopped none
