@@ -24,7 +24,6 @@ class FiringAlert:
     backend: str
     message: str
     fired_at: datetime
-    until: datetime
 
 
 def firing(using: str) -> list[FiringAlert]:
@@ -37,7 +36,7 @@ def firing(using: str) -> list[FiringAlert]:
             firing_until__gt=DatabaseNow(),  # (NULL is never greater)
         )
         .order_by("-last_fired_at", "name")
-        .values("name", "kind", "backend", "message", "last_fired_at", "firing_until")[:SHOWN]
+        .values("name", "kind", "backend", "message", "last_fired_at")[:SHOWN]
     )
     return [
         FiringAlert(
@@ -46,8 +45,7 @@ def firing(using: str) -> list[FiringAlert]:
             backend=row["backend"],
             message=row["message"],
             fired_at=row["last_fired_at"],
-            until=row["firing_until"],
         )
         for row in rows
-        if row["last_fired_at"] is not None and row["firing_until"] is not None  # (the filter)
+        if row["last_fired_at"] is not None  # (the filter)
     ]

@@ -94,7 +94,7 @@ def _failure_rate(rule: AlertRule, backend: str, now: datetime, using: str) -> M
         f"{counts.failed} of {finished} jobs of {scope_text(rule)} that finished in the last "
         f"{window_text(rule.window)} failed"
     )
-    if finished < rule.min_jobs or finished == 0:
+    if finished < rule.min_jobs:  # (min_jobs >= 1)
         return Measure(None, detail + f" (fewer than {rule.min_jobs}: no verdict)")
     rate = counts.failed / finished
     return Measure(rate, f"failure rate {rate:.0%}: {detail} (threshold {rule.threshold:.0%})")

@@ -40,6 +40,7 @@ def jobs(
 ) -> None:
     """``count`` jobs of ``status``: finished ``finished_ago`` seconds ago, or (pending)
     due ``ready_ago`` seconds ago (a negative number: not due yet)."""
+    # A running job needs a lease (a check constraint); no measure reads its time.
     lease = {"locked_by": "someone", "locked_until": now() + timedelta(minutes=1)}
     created = Job.objects.bulk_create(
         [
