@@ -13,6 +13,7 @@ from django.core import checks
 from django.db import connections
 
 from . import registry
+from .alert_spec import E_ALERT_QUEUE
 from .compat import DEFAULT_TASK_QUEUE_NAME
 from .conf import (
     BACKEND_PATH,
@@ -209,6 +210,28 @@ def _limited_queue_messages(
     return found
 
 
+def _alert_queue_messages(
+    params: dict[str, Any], options: Options, obj: str
+) -> list[checks.CheckMessage]:
+    """An alert rule on a queue the backend does not serve (only when ``QUEUES`` lists
+    queues): no job of it could exist, so the rule could never say anything true."""
+    served = params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])
+    if not served or not isinstance(served, list | tuple | set | frozenset):
+        return []
+    return [
+        _message(
+            E_ALERT_QUEUE,
+            f"Alert rule {rule.name!r} watches the queue {rule.queue!r}, which this backend "
+            f"does not serve (QUEUES: {', '.join(sorted(map(str, served)))}).",
+            "Add the queue to QUEUES, or name a queue the backend serves in the rule.",
+            False,
+            obj,
+        )
+        for rule in options.alerts
+        if rule.queue is not None and rule.queue not in served
+    ]
+
+
 def foreign_database_options(vendor: str, options: Any) -> list[str]:
     """The keys of a database's ``OPTIONS`` that are SQLite's and that ``vendor``'s driver
     refuses when Django connects (only PostgreSQL and MySQL/MariaDB are judged)."""
@@ -272,6 +295,7 @@ def check_backends(
         messages.extend(_schedule_messages(alias, params, options.schedules, options.imports))
         messages.extend(_listen_database_messages(options, obj))
         messages.extend(_limited_queue_messages(params, options, obj))
+        messages.extend(_alert_queue_messages(params, options, obj))
         if options.database not in settings.DATABASES:
             messages.append(
                 _message(

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .alert_spec import AlertRule, parse_alert_rules
 from .durations import as_seconds, duration_problem
 from .limits import FlowRules, Rate, limit_problem, parse_rate, rate_problem
 from .retry import Backoff, backoff_problems
@@ -116,6 +117,10 @@ class Options:
     dashboard's trends, the metrics view's rollup gauges); False writes nothing there."""
     rollup_retention: float = DEFAULT_ROLLUP_RETENTION
     """``ROLLUP_RETENTION``: seconds a rollup row is kept (``prune_jobs`` deletes older ones)."""
+    alerts: tuple[AlertRule, ...] = ()
+    """``ALERTS``: the rules every worker of the backend evaluates (``alerts/``)."""
+    alert_check_interval: float = 30.0
+    """How often each worker evaluates the ``ALERTS`` rules (seconds)."""
 
     @property
     def local_lease_deadline(self) -> float:
@@ -137,6 +142,7 @@ _NUMBERS: dict[str, tuple[str, type, float, bool]] = {
     "POLL_INTERVAL": ("poll_interval", float, 0, True),
     "IDLE_POLL_INTERVAL": ("idle_poll_interval", float, 0, True),
     "UNKNOWN_TASK_GRACE": ("unknown_task_grace", float, 0, False),
+    "ALERT_CHECK_INTERVAL": ("alert_check_interval", float, 0, True),
 }
 KNOWN_OPTIONS = frozenset(
     {
@@ -152,6 +158,7 @@ KNOWN_OPTIONS = frozenset(
         "QUEUE_RESULT_TTL",
         "ROLLUPS",
         "ROLLUP_RETENTION",
+        "ALERTS",
     }
 )
 MAX_QUEUE_NAME = 128
@@ -439,6 +446,9 @@ def parse_options(
     rollup_problems, rollup_values = _rollup_options(raw)
     problems.extend(rollup_problems)
     values.update(rollup_values)
+    if "ALERTS" in raw:
+        values["alerts"], alert_problems = parse_alert_rules(raw["ALERTS"])
+        problems.extend(Problem(p.id, p.msg, p.hint) for p in alert_problems)
 
     behavior_sources = []
     if "LOCK_LOST_BEHAVIOR" in raw:

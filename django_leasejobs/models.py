@@ -643,3 +643,52 @@ class JobRollup(models.Model):
 
 for _column in (*WAIT_COLUMNS, *RUN_COLUMNS):
     JobRollup.add_to_class(_column, models.BigIntegerField(default=0))
+
+
+class AlertStatus(models.TextChoices):
+    FIRING = "firing", _("Firing")
+    RESOLVED = "resolved", _("Resolved")
+
+
+class AlertState(models.Model):
+    """The state of one rule of ``OPTIONS["ALERTS"]`` (the rule lives in settings).
+
+    ``last_fired_at`` is the rule's fence: a worker delivers an alert only when its
+    conditional UPDATE moved it (it was empty, or at least one ``interval`` old), so the
+    workers deliver at most one alert per rule per interval between them
+    (``alerts/state.py``). The other columns describe the last alert, for the admin's
+    banner (shown while ``state`` is firing and ``firing_until`` has not passed).
+    """
+
+    backend = models.CharField(max_length=64, default="default")
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=32)
+    # NULL: every queue / every task of the queue, unlike "" (no such name)
+    queue = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
+    task = models.CharField(max_length=512, null=True, blank=True)  # noqa: DJ001
+    state = models.CharField(
+        max_length=16, choices=AlertStatus.choices, default=AlertStatus.RESOLVED
+    )
+    value = models.FloatField(null=True, blank=True, help_text="The measure at the last change.")
+    threshold = models.FloatField(null=True, blank=True)
+    message = models.TextField(blank=True, default="")
+    last_fired_at = models.DateTimeField(null=True, blank=True)
+    firing_until = models.DateTimeField(
+        null=True, blank=True, help_text="The last alert's time plus the rule's interval."
+    )
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        app_label = APP_LABEL
+        db_table = "leasejobs_alert_state"
+        verbose_name = _("alert state")
+        verbose_name_plural = _("alert states")
+        default_permissions = ()
+        constraints = [
+            models.UniqueConstraint(
+                fields=["backend", "name"], name="leasejobs_alert_state_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.state})"

@@ -78,3 +78,21 @@ prefetch_returned = Signal()
 """A worker gives back prefetched jobs that waited too long for a slot (behind long jobs),
 so other workers can run them. Extra: worker_id, count (jobs), waited (seconds the
 longest-waiting one waited)."""
+
+alert_fired = Signal()
+"""A rule of ``OPTIONS["ALERTS"]`` fired: sent by the one worker whose fenced write took
+the rule's alert, at most once per rule per ``interval`` across every worker. Extra:
+worker_id (the worker that sends it), alert (a ``django_leasejobs.alerts.Alert``: rule,
+kind, state ``"firing"``, value, threshold, queue, task, message, fired_at, interval).
+Receivers run in that worker's alert thread: send mail or post a webhook from a job they
+enqueue, not in the receiver (docs/monitoring.md)."""
+
+alerts_evaluated = Signal()
+"""A worker's alert thread ended a pass over the backend's ``ALERTS`` rules. Extra:
+worker_id, rules (how many), delivered (alerts it fired or resolved), duration
+(seconds), error (the ``DatabaseError`` that failed it, or None)."""
+
+alert_resolved = Signal()
+"""A firing rule's condition no longer holds: sent once, by the worker whose write marked
+it resolved. Extra: worker_id, alert (state ``"resolved"``, the value measured then,
+fired_at of the alert it ends, resolved_at)."""

@@ -412,6 +412,7 @@ DJ60_SUITES = [
     "tests/testing_kit",
     "tests/workflows",
     "tests/observability",
+    "tests/alerts",
     "tests/test_import_graph.py",
 ]
 

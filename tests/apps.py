@@ -17,6 +17,10 @@ class TestsConfig(AppConfig):
         path = os.environ.get(EVENTS_ENV)
         if path:  # a worker started by tests/worker_harness.py: its signals, for waits
             connect(path)
+        from tests import alert_receivers
+
+        if os.environ.get(alert_receivers.RAISES_ENV):
+            alert_receivers.connect()
 
 
 class TasksAtStartConfig(TestsConfig):

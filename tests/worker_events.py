@@ -4,8 +4,9 @@ A ``runworker`` subprocess whose environment names a file in ``LEASEJOBS_TEST_EV
 (``tests/worker_harness.py`` gives each worker its own) appends one JSON object per
 signal of ours it sends: ``{"event": <signal name>, "pid": ..., <its keyword
 arguments>}``, values that JSON cannot hold written as text (an exception, an
-``ErrorInfo``) and datetimes in ISO format. ``TestsConfig.ready`` connects the receivers
-only when the variable is set, so other processes pay nothing.
+``ErrorInfo``), datetimes in ISO format and an ``Alert`` as an object of its fields.
+``TestsConfig.ready`` connects the receivers only when the variable is set, so other
+processes pay nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 from django.dispatch import Signal
 
 from django_leasejobs import signals
+from django_leasejobs.alerts import Alert
 
 EVENTS_ENV = "LEASEJOBS_TEST_EVENTS"
 
@@ -38,6 +41,9 @@ WORKER_SIGNALS: dict[str, Signal] = {
         "job_succeeded",
         "job_failed",
         "lease_lost",
+        "alerts_evaluated",
+        "alert_fired",
+        "alert_resolved",
     )
 }
 
@@ -49,6 +55,8 @@ def _jsonable(value: Any) -> Any:
         return [_jsonable(v) for v in value]
     if isinstance(value, datetime):
         return value.isoformat()
+    if isinstance(value, Alert):
+        return {key: _jsonable(field) for key, field in asdict(value).items()}
     return str(value)
 
 

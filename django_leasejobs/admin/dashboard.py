@@ -19,6 +19,7 @@ from django.urls import reverse
 from django.utils.translation import gettext_lazy as _
 
 from .. import stats, trends
+from ..alerts.banner import firing
 from ..models import Job, Queue, QueueDashboard
 from .clock import online_after
 from .queues import QueueFlow, dashboard_flow
@@ -55,6 +56,7 @@ def dashboard_response(site: admin.AdminSite, request: HttpRequest) -> HttpRespo
         **site.each_context(request),
         "title": _("Queue dashboard"),
         "health": health,
+        "alerts": firing(database),
         "totals": health.totals,
         "chart": trend_chart(trend),
         "ranges": [(r.name, r.label) for r in trends.RANGES.values()],

@@ -27,6 +27,7 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 
 from .. import leases, pruning, queues
+from ..alerts.banner import firing
 from ..job_search import SearchSyntaxError, apply_search, parse_search
 from ..leases import database_now
 from ..limits import describe_group
@@ -584,7 +585,11 @@ class JobAdmin(FilterSafeAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         """The list, with links to the bulk actions over every job its filters and
         search match (``admin/bulk.py``)."""
-        context = {**(extra_context or {}), "bulk_links": bulk_links(self, request)}
+        context = {
+            **(extra_context or {}),
+            "bulk_links": bulk_links(self, request),
+            "alerts": firing(Job.objects.db),
+        }
         return super().changelist_view(request, context)
 
     def bulk_view(self, request: HttpRequest, action: str) -> HttpResponse:

@@ -14,7 +14,8 @@ Threads of one worker process:
 * watchdog (``watchdog.py``): never touches the database; finds jobs whose lease is
   presumed lost by the local clock, or past their timeout;
 * listener (``listener.py``, PostgreSQL): ``LISTEN leasejobs`` to wake the main loop;
-* scheduler (``scheduler.py``): enqueues the due ticks of the backend's ``SCHEDULES``.
+* scheduler (``scheduler.py``): enqueues the due ticks of the backend's ``SCHEDULES``;
+* alerts (``alert_watch.py``): evaluates the backend's ``ALERTS`` rules.
 
 The threads share only the lease table and the status board (``shared.py``) with the
 loop, and tell it what they found through its inbox (``inbox.py``).
@@ -35,6 +36,7 @@ from .. import registry
 from ..backend import LeaseJobsBackend
 from ..compat import task_backends
 from ..leases import storable_text
+from .alert_watch import AlertWatch
 from .config import WorkerConfig, default_worker_id
 from .dispatch import Dispatcher
 from .driver import RoundDriver
@@ -218,6 +220,8 @@ class Worker:
             self._threads.append(Listener(ctx, self._stop_threads))
         if self._scheduled:
             self._threads.append(Scheduler(ctx, self._stop_threads))
+        if self.options.alerts:
+            self._threads.append(AlertWatch(ctx, self._stop_threads))
         for thread in self._threads:
             thread.start()
 
