@@ -29,6 +29,13 @@ from .tallies import round_tally
 
 logger = logging.getLogger("django_leasejobs")
 
+ROLLUP_WRITE_EVERY = 1.0
+"""Seconds a worker keeps its rollup counts in memory (merging round after round) before
+it writes them in one upsert: under a steady drain, one statement a second, not one per
+round. A round whose claim comes back empty (the queues ran dry) writes them at once,
+and so does the worker as it stops; a worker killed meanwhile loses at most this long
+of counts, never an outcome (docs/monitoring.md, "The loss window")."""
+
 DUE_MARGIN = 0.02
 """An idle worker waiting for a delayed job to come due claims this long after its
 ``run_after`` (seconds), so that the claim does not come a hair too early."""
@@ -69,7 +76,9 @@ class RoundDriver:
         self.problem = ""
         """'' or what keeps rounds failing (for the worker's registry row)."""
         self._unsent: leases.Tally | None = None
-        """Rollup counts a round could not write, handed to the next round."""
+        """Rollup counts not written yet, handed to the next round."""
+        self._unsent_since: float | None = None
+        """When (monotonic) the oldest of them was counted."""
 
     # -- the database thread -------------------------------------------------------------
 
@@ -79,8 +88,11 @@ class RoundDriver:
     def close(self) -> None:
         if self._round is not None:
             with contextlib.suppress(Exception):
-                self._round[1].result(timeout=self.options.lease_duration)
+                self.take()  # (its rollup counts are the last ones)
         if self._executor is not None:
+            unsent, self._unsent = self._unsent, None
+            if unsent is not None:
+                self._executor.submit(self._write_rollup, unsent)
             self._executor.submit(connections.close_all)
             self._executor.shutdown(wait=True)
 
@@ -104,6 +116,8 @@ class RoundDriver:
             plan.look_first = listening and not (plan.writes or self.claim_wanted or burst)
             self.claim_wanted = False
         plan.rollup_carry, self._unsent = self._unsent, None
+        since = self._unsent_since
+        plan.rollup_due = since is not None and now - since >= ROLLUP_WRITE_EVERY
         ctx = RoundContext(
             worker_id=self.worker_id,
             database=self.database,
@@ -126,8 +140,12 @@ class RoundDriver:
         assert self._round is not None  # noqa: S101 - only called when done()
         plan, future, started = self._round
         self._round = None
-        result = future.result()
+        result = future.result(timeout=self.options.lease_duration)
         self._unsent = result.rollup_unsent
+        if self._unsent is None:
+            self._unsent_since = None
+        elif self._unsent_since is None:
+            self._unsent_since = started
         if result.flow_held:
             self._flow_held_until = time.monotonic() + self.options.poll_interval
         self._next_due = result.next_due
@@ -193,17 +211,25 @@ class RoundDriver:
         return result
 
     def _add_rollup(self, plan: RoundPlan, result: RoundResult) -> leases.Tally | None:
-        """The round's counts (with those an earlier round could not write), in one upsert
-        right after it (``leases.add_tally``); the counts not written, if it fails.
+        """The round's counts merged with those kept from earlier rounds; written in one
+        upsert (``leases.add_tally``) when they are due (``ROLLUP_WRITE_EVERY``) or the
+        round's claim came back empty, else kept. Returns the counts not written.
 
         A separate statement: the outcomes are committed by then, so a worker killed in
-        between loses this round's counts (never an outcome).
+        between loses the counts it kept (never an outcome).
         """
         tally = round_tally(plan, result, self.backend)
         if plan.rollup_carry is not None:
             tally.merge(plan.rollup_carry)
         if not tally:
             return None
+        ran_dry = bool(plan.claim_limit) and result.error is None and not result.claimed
+        if not (plan.rollup_due or ran_dry):
+            return tally
+        return self._write_rollup(tally)
+
+    def _write_rollup(self, tally: leases.Tally) -> leases.Tally | None:
+        """Write ``tally`` (in the database thread); it, if the write failed."""
         try:
             leases.add_tally(tally, using=self.database)
         except Exception as exc:

@@ -82,8 +82,10 @@ class RoundPlan:
     """The safety poll of an idle listening worker: the worker first looks up when the
     next job of its queues comes due, and claims only if one is due already."""
     rollup_carry: leases.Tally | None = None
-    """Rollup counts an earlier round could not write (``RoundDriver``), written with
+    """Rollup counts of earlier rounds not written yet (``RoundDriver``), merged with
     this round's."""
+    rollup_due: bool = False
+    """The oldest of those counts waited ``ROLLUP_WRITE_EVERY``: this round writes them."""
     history: bool = False
     """Fetch the attempt rows of jobs that finish in this round after an earlier attempt
     (``task_finished`` receivers get every attempt's error and worker)."""
@@ -133,7 +135,8 @@ class RoundResult:
     comes due (None: none pending, or not looked up)."""
     error: Exception | None = None
     rollup_unsent: leases.Tally | None = None
-    """Rollup counts this round could not write: the next round writes them."""
+    """Rollup counts not written by this round (kept, or a failed write): a later round
+    writes them."""
 
 
 @dataclass(frozen=True, slots=True)

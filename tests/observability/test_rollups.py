@@ -125,6 +125,13 @@ def test_the_rollup_matches_the_job_table_after_a_mixed_run(workers: Workers) ->
     truth = truth_totals()
     rolled = rollup_totals()
     assert set(rolled) == set(truth)
+    # The pill's claim was counted in its worker's memory (written at most
+    # ROLLUP_WRITE_EVERY later, or when a claim comes back empty): the SIGKILL lost it,
+    # the documented loss window. Its dead letter is the reaper's count: exact.
+    pill_key = ("low", tasks_rollups.kill_worker.module_path)
+    held = rolled.pop(pill_key)
+    assert (held["enqueued"], held["started"], held["waits"], held["dead"]) == (0, 0, 0, 1)
+    del truth[pill_key]
     for key, counts in truth.items():
         got = rolled[key]
         for name in ROLLUP_COUNTERS:
@@ -133,13 +140,13 @@ def test_the_rollup_matches_the_job_table_after_a_mixed_run(workers: Workers) ->
         # (the reaped pill's has none).
         assert got["waits"] == counts["enqueued"], key
         assert got["runs"] == counts["succeeded"] + counts["failed"] + counts["retried"], key
-    assert sum(c["dead"] for c in rolled.values()) == 1
     assert sum(c["retried"] for c in rolled.values()) == 6 + 4
 
     for status in ("succeeded", "failed", "dead"):
         assert rollup_per_minute(status) == truth_per_minute(status), status
     enqueued_truth = Counter(
-        ((j.queue, j.task_path), minute(j.enqueued_at)) for j in Job.objects.all()
+        ((j.queue, j.task_path), minute(j.enqueued_at))
+        for j in Job.objects.exclude(pk=int(pill.id))
     )
     assert rollup_per_minute("enqueued") == enqueued_truth
 
