@@ -38,14 +38,11 @@ table. Any check that fails exits 1 (``--smoke`` too).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -263,47 +260,6 @@ def setup_django(url: str) -> None:
     call_command("migrate", interactive=False, verbosity=0)
 
 
-def machine() -> dict[str, Any]:
-    import django
-
-    commit = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    return {
-        "machine": f"{platform.machine()}, nproc {os.cpu_count()}, {platform.system()}",
-        "load_at_start": [round(load, 2) for load in os.getloadavg()],
-        "python": platform.python_version(),
-        "django": django.get_version(),
-        "commit": commit,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }
-
-
-@contextlib.contextmanager
-def server_for(args: argparse.Namespace) -> Iterator[tuple[str, dict[str, Any], str]]:
-    """The admin URL, its Django config and a label: DATABASE_URL's server, or a private one."""
-    from pgserver import PrivateServer, django_url_config
-
-    url = os.environ.get("DATABASE_URL")
-    if url and not args.private_server:
-        config = django_url_config(url)
-        if "postgres" not in config["ENGINE"]:
-            raise SystemExit(f"bench/bulk_actions.py needs PostgreSQL, DATABASE_URL is {url!r}")
-        yield url, config, "DATABASE_URL's server"
-        return
-    server = PrivateServer(20, production=True, prefix="leasejobs-bulk-pg-")
-    try:
-        yield server.url, django_url_config(server.url), "private (production settings)"
-    finally:
-        if args.keep:
-            print(f"kept: server at {server.url} (data {server.base})")
-        else:
-            server.stop()
-
-
 def step(message: str) -> None:
     load = os.getloadavg()[0]
     print(f"[{time.strftime('%H:%M:%S')} load {load:.2f}] {message}", flush=True)
@@ -343,32 +299,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in (REPO_ROOT / "testproject", REPO_ROOT, REPO_ROOT / "bench"):
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))
-    from pgserver import connect_admin, create_database, drop_database, with_database
+    from pgserver import bench_database, connect_admin, machine
 
-    with server_for(args) as (admin_url, config, label):
+    with bench_database(
+        args, bench="bench/bulk_actions.py", prefix="leasejobs-bulk-pg-", mark=MARK
+    ) as (
+        url,
+        config,
+        label,
+    ):
         with connect_admin(config) as admin:
             server = server_facts(admin, label)
-            create_database(admin, args.db_name, MARK)
         step(
             f"PostgreSQL {server['server_version']}, {label}: fsync {server['fsync']}, "
             f"synchronous_commit {server['synchronous_commit']}, autovacuum "
             f"{server['autovacuum']}; database {args.db_name}"
         )
-        try:
-            setup_django(with_database(admin_url, args.db_name))
-            facts = machine()
-            measured = measure(args)
-            facts["load_at_end"] = [round(load, 2) for load in os.getloadavg()]
-        finally:
-            from django.db import connections
-
-            connections.close_all()
-            if args.keep:
-                print(f"kept {args.db_name}")
-            else:
-                with connect_admin(config) as admin:
-                    drop_database(admin, args.db_name, MARK)
-                print(f"dropped {args.db_name}")
+        setup_django(url)
+        facts = machine(REPO_ROOT)
+        measured = measure(args)
+        facts["load_at_end"] = [round(load, 2) for load in os.getloadavg()]
     runs: list[Run] = measured["runs"]
     text = table(runs, args.jobs)
     print()

