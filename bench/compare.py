@@ -1128,25 +1128,31 @@ def _raw_connection() -> Any:
 
 
 def floor_drain(backend: str, queue: str) -> dict[str, Any]:
-    """The Python floor: drain the pending jobs of ``queue`` in batches of ``FLOOR_BATCH``,
-    one claim and one completion per batch, each job's arguments decoded and a no-op
-    called with them."""
+    """The Python floor (:func:`floor_drain_on`) on a connection of its own."""
+    with _raw_connection() as conn:
+        return floor_drain_on(conn, backend, queue)
+
+
+def floor_drain_on(conn: Any, backend: str, queue: str) -> dict[str, Any]:
+    """The Python floor: drain the pending jobs of ``queue`` in batches of ``FLOOR_BATCH``
+    over ``conn`` (psycopg 3, autocommit), one claim and one completion per batch, each
+    job's arguments decoded and a no-op called with them. bench/cost_model.py runs it
+    too, on a connection whose server process it measures."""
 
     def noop(*args: Any, **kwargs: Any) -> None:
         return None
 
     done = 0
-    with _raw_connection() as conn:
-        started = time.perf_counter()
-        while True:
-            rows = conn.execute(FLOOR_CLAIM, [backend, queue, FLOOR_BATCH]).fetchall()
-            if not rows:
-                break
-            for _job_id, args, kwargs in rows:  # jsonb: decoded by psycopg
-                noop(*args, **kwargs)
-            conn.execute(FLOOR_COMPLETE, [[row[0] for row in rows]])
-            done += len(rows)
-        seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    while True:
+        rows = conn.execute(FLOOR_CLAIM, [backend, queue, FLOOR_BATCH]).fetchall()
+        if not rows:
+            break
+        for _job_id, args, kwargs in rows:  # jsonb: decoded by psycopg
+            noop(*args, **kwargs)
+        conn.execute(FLOOR_COMPLETE, [[row[0] for row in rows]])
+        done += len(rows)
+    seconds = time.perf_counter() - started
     return {"jobs": done, "seconds": seconds, "jobs_per_s": done / seconds if seconds else None}
 
 

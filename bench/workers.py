@@ -82,18 +82,23 @@ SETTINGS_MODULE, TASK_MODULE = f"{SHIM}_settings", f"{SHIM}_tasks"
 
 
 ENQUEUE = """\
+import importlib
 import sys
 import django
 
 django.setup()
 from django_leasejobs.compat import task_backends
-from workers_bench_tasks import noop
 
 count = int(sys.argv[1])
+module, _, name = sys.argv[2].rpartition(".")
+task = getattr(importlib.import_module(module), name)
 backend = task_backends["default"]
 for start in range(0, count, 10000):
-    backend.bulk_enqueue([(noop, (), {})] * min(10000, count - start))
+    backend.bulk_enqueue([(task, (), {})] * min(10000, count - start))
 """
+"""Run as ``python -c ENQUEUE <count> <module.task>`` with a shim's settings: ``count``
+jobs of the task, enqueued with the backend's ``bulk_enqueue`` (a ``COPY`` on
+PostgreSQL) in chunks of 10,000."""
 
 
 # -- pure parts: options, statistics, verdicts, table, plot -------------------------------
@@ -507,7 +512,7 @@ class Bench:
                 "CASCADE"
             )
             subprocess.run(
-                [sys.executable, "-c", ENQUEUE, str(args.jobs)],
+                [sys.executable, "-c", ENQUEUE, str(args.jobs), f"{TASK_MODULE}.noop"],
                 env=self.env,
                 cwd=str(args.repo.resolve()),
                 check=True,

@@ -542,6 +542,23 @@ def workers_smoke(ctx: Context) -> int:
     return run([python, "bench/workers.py", "--smoke", "--output", ctx.work / "workers-smoke.json"])
 
 
+# The cost model (1,000 no-op jobs, one process-pool burst worker, a private PostgreSQL,
+# py-spy from the bench virtualenv, the Python floor): fails when a job failed or ran twice;
+# its figures are judged by the full run only (docs/benchmarks.md#cost-model-where-a-jobs-cpu-goes).
+@step(
+    "cost-model-smoke",
+    "cost model smoke: bench/cost_model.py --smoke (a private PostgreSQL, py-spy)",
+)
+def cost_model_smoke(ctx: Context) -> int:
+    venv = ctx.work / "venv-bench"
+    status = ctx.ensure_venv(venv, needs(ctx.py3new, "3.13 or 3.12"), "bench")
+    if status:
+        return status
+    output = ctx.work / "cost-model-smoke.json"
+    python = str(venv / "bin" / "python")
+    return run([python, "bench/cost_model.py", "--smoke", "--private-server", "--output", output])
+
+
 # Rollups' cost (1,000 no-op jobs, one burst worker, ROLLUPS on then off, a private
 # PostgreSQL): fails when a job failed or ran twice, or the rollup table miscounted; the
 # 5 % goal is judged by the full run only (docs/benchmarks.md).
@@ -736,6 +753,7 @@ GROUPS: dict[str, list[str]] = {
         "async-bench-smoke",
         "workers-smoke",
         "rollups-smoke",
+        "cost-model-smoke",
         "overload-smoke-postgres",
         "flow-smoke",
         "chaos-short-smoke",

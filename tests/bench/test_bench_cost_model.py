@@ -1,0 +1,166 @@
+"""bench/cost_model.py: its attribution rules on a canned py-spy sample, its CPU window,
+its options and tables; and a tiny end-to-end run on SQLite (no server, no py-spy).
+
+No timing is asserted: the figures live in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.bench.scripts import load_bench, run_bench
+
+cost = load_bench("cost_model")
+
+WORKER = '1234:"python manage.py runworker --burst"'
+SLOT = '1240:"python manage.py runworker --burst"'
+PKG = "/repo/django_leasejobs/worker"
+CANNED = "\n".join(
+    [
+        # the main loop hands a batch to a slot: pickling shows as its caller
+        f"process {WORKER};thread (1234): MainThread;<module> (/repo/manage.py:9);"
+        f"Worker._main_loop ({PKG}/loop.py:250);Handover.dispatch ({PKG}/handover.py:100);"
+        f"ProcessPool.submit ({PKG}/pools/process.py:260);"
+        "Connection._send (/py/multiprocessing/connection.py:373) 30",
+        # the database thread claims: psycopg frames count for the claim
+        f"process {WORKER};thread (1300): leasejobs-db_0;_worker (/py/concurrent/futures/"
+        f"thread.py:83);run_round ({PKG}/rounds.py:255);claim_round (/repo/django_leasejobs/"
+        "leases/claim.py:120);Connection.wait (/site-packages/psycopg/connection.py:900) 20",
+        # the write half of a round, then a log line inside the recorder
+        f"process {WORKER};thread (1300): leasejobs-db_0;run_round ({PKG}/rounds.py:255);"
+        f"_write_successes ({PKG}/rounds.py:340);complete_many (/repo/django_leasejobs/leases/"
+        "finish.py:80) 10",
+        f"process {WORKER};thread (1234): MainThread;Recorder.finish ({PKG}/recorder.py:180);"
+        "Logger.info (/py/logging/__init__.py:1489) 5",
+        # our signal, sent from the reporter
+        f"process {WORKER};thread (1234): MainThread;Reporter.started ({PKG}/reporter.py:75);"
+        "Signal.send (/site-packages/django/dispatch/dispatcher.py:170) 4",
+        # waiting in select: not per-job CPU
+        f"process {WORKER};thread (1234): MainThread;Inbox.wait ({PKG}/inbox.py:150);"
+        "DefaultSelector.select (/py/selectors.py:468) 50",
+        # an import at start-up (a module's own code runs inside <module>)
+        f"process {WORKER};thread (1234): MainThread;<module> (/repo/django_leasejobs/worker/"
+        "handover.py:1);_create_fn (/py/dataclasses.py:433) 40",
+        # no Python frame: the interpreter starting
+        f"process {WORKER} 7",
+        # a slot runs the task
+        f"process {WORKER};process {SLOT};thread (1240): MainThread;child_main ({PKG}/"
+        f"child.py:300);execute ({PKG}/execution.py:295);noop (/tmp/cost_bench_tasks.py:8) 12",
+        # a slot sends its outcome back
+        f"process {WORKER};process {SLOT};thread (1240): MainThread;child_main ({PKG}/"
+        f"child.py:300);child_main.<locals>.send ({PKG}/child.py:280) 3",
+        "",
+    ]
+)
+
+
+def test_raw_lines_parse_into_processes_threads_and_frames() -> None:
+    samples = cost.parse_raw(CANNED)
+    assert len(samples) == 10
+    first = samples[0]
+    assert first.pids == (1234,) and first.thread == "MainThread" and first.count == 30
+    assert first.frames[-1] == cost.Frame("Connection._send", "/py/multiprocessing/connection.py")
+    assert samples[7].frames == () and samples[7].count == 7
+    assert samples[8].pids == (1234, 1240)
+    assert [cost.kind_of(s) for s in samples[7:]] == ["parent", "slot", "slot"]
+
+
+def test_each_canned_stack_gets_its_category() -> None:
+    categories = [cost.categorize(s.frames) for s in cost.parse_raw(CANNED)]
+    assert categories == [
+        "hand-over",
+        "claim",
+        "write",
+        "logs",
+        "signals",
+        "idle/wait",
+        "start/stop",
+        "start/stop",
+        "run",
+        "outcome",
+    ]
+
+
+def test_a_stack_no_rule_knows_is_other() -> None:
+    assert cost.categorize([cost.Frame("main", "/somewhere/else.py")]) == "other"
+
+
+def test_attribution_scales_busy_samples_to_the_measured_cpu() -> None:
+    attribution = cost.attribute(cost.parse_raw(CANNED))
+    assert attribution.busy("parent") == 30 + 20 + 10 + 5 + 4
+    per_job = attribution.per_job("parent", 138.0)
+    assert per_job["hand-over"] == pytest.approx(30 / 69 * 138)
+    assert per_job["claim"] == pytest.approx(20 / 69 * 138)
+    assert per_job["idle/wait"] is None and per_job["start/stop"] is None
+    assert sum(v for v in per_job.values() if v is not None) == pytest.approx(138.0)
+    assert attribution.per_job("slot", None)["run"] is None
+    assert attribution.leaves.most_common(1)[0][0].startswith("Connection._send (")
+
+
+def test_the_profile_figures_give_the_top_frames_with_shares() -> None:
+    figures = cost.profile_figures(cost.parse_raw(CANNED), {"parent": 69.0, "slots": 15.0})
+    assert figures["kinds"]["slot"]["us_per_job"]["run"] == pytest.approx(12.0)
+    assert figures["kinds"]["slot"]["us_per_job"]["outcome"] == pytest.approx(3.0)
+    top = figures["top_parent"]
+    assert top[0]["samples"] == 30 and top[0]["share"] == pytest.approx(30 / 69)
+    assert figures["threads"] == {"MainThread": 39, "leasejobs-db_0": 30}
+
+
+def test_the_cpu_window_interpolates_between_readings() -> None:
+    points = [
+        cost.Point(10.0, {"parent": 1.0, "slots": 0.0, "backends": None, "server": 5.0}),
+        cost.Point(12.0, {"parent": 2.0, "slots": 1.0, "backends": None, "server": 6.0}),
+        cost.Point(14.0, {"parent": 4.0, "slots": 1.0, "backends": None, "server": 6.0}),
+    ]
+    assert cost.window(points, 11.0, 13.0) == {
+        "parent": pytest.approx(1.5),
+        "slots": pytest.approx(0.5),
+        "backends": None,
+        "server": pytest.approx(0.5),
+    }
+    assert cost.window(points, 0.0, 99.0)["parent"] == pytest.approx(3.0)  # clamped
+
+
+def test_options_smoke_defaults_and_configs_per_database() -> None:
+    args = cost.parse_args(["--smoke"])
+    assert (args.jobs, args.databases, args.configs) == (1000, ["postgres"], ["process-4"])
+    full = cost.parse_args([])
+    assert full.jobs == 20000 and full.configs == list(cost.CONFIGS)
+    assert cost.configs_for(full, "postgres") == list(cost.CONFIGS)
+    assert cost.configs_for(full, "sqlite") == ["process-4", "thread-4"]
+    with pytest.raises(SystemExit):
+        cost.parse_args(["--configs", "process-3"])
+    assert cost.parse_args(["--peer", "pgqueuer=/x.json"]).peer[0] == ("pgqueuer", Path("/x.json"))
+
+
+def test_a_peer_json_gives_a_row_and_missing_figures_stay_empty(tmp_path: Path) -> None:
+    path = tmp_path / "pgq.json"
+    path.write_text(json.dumps({"cost": {"jobs": 1000, "jobs_per_s": 900.0, "worker_cpu_s": 0.2}}))
+    peer = cost.read_peer("pgqueuer", path)
+    assert peer["cpu_us_per_job"] == {"worker": pytest.approx(200.0), "server": None}
+    table = cost.cpu_table([], None, [peer])
+    assert "| postgres | pgqueuer | 900 | - | - | 200 | - | - | - | - |" in table
+    assert "error" in cost.read_peer("pgqueuer", tmp_path / "missing.json")
+
+
+@pytest.mark.slow
+def test_a_tiny_run_on_sqlite_end_to_end(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    output = tmp_path / "cost.json"
+    result = run_bench(
+        "cost_model",
+        [
+            *("--jobs", "200", "--databases", "sqlite", "--configs", "thread-4"),
+            *("--no-profile", "--output", str(output)),
+        ],
+        env,
+    )
+    report = json.loads(output.read_text())
+    [run] = report["runs"]
+    assert run["clean"] and run["database"] == "sqlite" and run["config"] == "thread-4"
+    assert run["rate"] and run["cpu_us_per_job"]["parent"] is not None
+    assert "| sqlite | thread-4 |" in result.stdout
