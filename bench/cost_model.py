@@ -1119,7 +1119,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_at_end": [round(load, 2) for load in os.getloadavg()],
         "jobs": args.jobs,
         "servers": servers,
-        "profiler": f"py-spy at {PROFILE_RATE} Hz" if pyspy else "none (py-spy not found)",
+        "profiler": (
+            f"py-spy at {PROFILE_RATE} Hz"
+            if pyspy
+            else "none (--no-profile)"
+            if args.no_profile
+            else "none (py-spy not found)"
+        ),
         "rules": [[r.category, r.path, list(r.functions)] for r in RULES],
         "runs": runs,
         "floor": floor,
