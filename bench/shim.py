@@ -2,10 +2,10 @@
 
 ``write(directory, name)`` writes ``<name>_settings.py`` (the test project's settings,
 quiet logging, no schedules, the bench's task module in ``IMPORTS``) and
-``<name>_tasks.py`` (two tasks, ``noop`` and ``record``) into ``directory``, and returns
-the two module names. Put ``directory`` first on the ``PYTHONPATH`` of the processes, with
-the test project's folder and the repository, and name the settings in
-``DJANGO_SETTINGS_MODULE``.
+``<name>_tasks.py`` (the no-ops ``noop`` and ``anoop``, an ``async def``, and ``record``
+and ``arecord``) into ``directory``, and returns the two module names. Put ``directory``
+first on the ``PYTHONPATH`` of the processes, with the test project's folder and the
+repository, and name the settings in ``DJANGO_SETTINGS_MODULE``.
 
 Environment variables the processes read (unset: nothing changes):
 
@@ -70,6 +70,12 @@ from django_leasejobs import task
 
 @task
 def noop():
+    return None
+
+
+@task
+async def anoop():
+    \"\"\"``noop`` as an ``async def`` task: it runs on a slot's event loop.\"\"\"
     return None
 
 
