@@ -259,12 +259,12 @@ def machine(repo_root: Path) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def server_for(
-    args: argparse.Namespace, *, bench: str, prefix: str
+    args: argparse.Namespace, *, bench: str, prefix: str, max_connections: int = 20
 ) -> Iterator[tuple[str, dict[str, Any], str]]:
     """The admin URL, its Django config and a label: ``DATABASE_URL``'s server (unless
     ``args.private_server``), or a private one with production settings (kept with
-    ``args.keep``). ``bench`` names the script in the error of a server that is not
-    PostgreSQL; ``prefix`` names the private server's data directory."""
+    ``args.keep``) and ``max_connections``. ``bench`` names the script in the error of a
+    server that is not PostgreSQL; ``prefix`` names the private server's data directory."""
     url = os.environ.get("DATABASE_URL")
     if url and not args.private_server:
         config = django_url_config(url)
@@ -272,7 +272,7 @@ def server_for(
             raise SystemExit(f"{bench} needs PostgreSQL, DATABASE_URL is {url!r}")
         yield url, config, "DATABASE_URL's server"
         return
-    server = PrivateServer(20, production=True, prefix=prefix)
+    server = PrivateServer(max_connections, production=True, prefix=prefix)
     try:
         yield server.url, django_url_config(server.url), "private (production settings)"
     finally:

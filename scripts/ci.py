@@ -534,6 +534,25 @@ def async_bench_smoke(ctx: Context) -> int:
     return run([str(venv / "bin" / "python"), "bench/async_jobs.py", "--smoke", "--output", output])
 
 
+# PgQueuer side by side (300 no-op jobs, each system once: PgQueuer's queue managers and
+# this project's runworker rows, on one private PostgreSQL; the bench virtualenv has
+# PgQueuer): fails when a job was lost or ran twice, never on speed
+# (docs/benchmarks.md#pgqueuer-side-by-side). About 30 s.
+@step(
+    "pgqueuer-smoke",
+    "PgQueuer bench smoke: bench/pgqueuer_drain.py --smoke (a private PostgreSQL, PgQueuer)",
+)
+def pgqueuer_smoke(ctx: Context) -> int:
+    venv = ctx.work / "venv-bench"
+    status = ctx.ensure_venv(venv, needs(ctx.py3new, "3.13 or 3.12"), "bench")
+    if status:
+        return status
+    output = ctx.work / "pgqueuer-smoke.json"
+    return run(
+        [str(venv / "bin" / "python"), "bench/pgqueuer_drain.py", "--smoke", "--output", output]
+    )
+
+
 # Many workers (2,000 no-op jobs, 1 and 2 burst workers, thread pool) on a private
 # PostgreSQL: fails when a job ran twice, failed or was lost.
 @step("workers-smoke", "many-worker bench smoke: bench/workers.py --smoke (a private PostgreSQL)")
@@ -751,6 +770,7 @@ GROUPS: dict[str, list[str]] = {
         "tests-dj60-postgres",
         "bench-smoke",
         "async-bench-smoke",
+        "pgqueuer-smoke",
         "workers-smoke",
         "rollups-smoke",
         "cost-model-smoke",

@@ -1,0 +1,135 @@
+"""bench/pgqueuer_drain.py runs end to end at smoke size where PgQueuer is installed (the
+bench virtualenv), and fails on a lost or twice-run job, never on speed; its pure parts
+(the grid, rates, the verdict, the tables) get made-up numbers.
+
+No timing is asserted here: speed targets live in bench/, never in tests.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from tests.bench.scripts import load_bench, run_bench
+
+drain = load_bench("pgqueuer_drain")
+
+
+@pytest.mark.slow
+# Sets up the test database, whose URL subprocess_env hands to the bench.
+@pytest.mark.django_db
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="bench/pgqueuer_drain.py measures PostgreSQL only (PgQueuer needs it)",
+)
+@pytest.mark.skipif(
+    drain.pgqueuer_missing() is not None,
+    reason=f"{drain.pgqueuer_missing()} (scripts/ci.py's pgqueuer-smoke step runs it there)",
+)
+def test_pgqueuer_drain_bench_runs_at_smoke_size(subprocess_env: dict[str, str]) -> None:
+    # DATABASE_URL names the test database: the bench only uses its server, to create
+    # (and drop) databases of its own.
+    db_name = f"lj_pgq_smoke_{os.getpid()}"
+    result = run_bench(
+        "pgqueuer_drain",
+        ["--smoke", "--db-name", db_name, "--output", os.devnull],
+        subprocess_env,
+        timeout=180,
+    )
+    output = result.stdout + result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| PgQueuer |")]
+    rows += [line for line in result.stdout.splitlines() if line.startswith("| django-leasejobs")]
+    assert len(rows) == 6, output  # PgQueuer's best and 4 in flight, our four rows
+    assert all(row.endswith("| yes |") for row in rows), output  # every job once
+    [goal] = [line for line in result.stdout.splitlines() if line.startswith("goal ")]
+    assert ": met (" in goal or ": missed (" in goal, output  # printed, never judged here
+    assert f"dropped {db_name}_pgqueuer" in result.stdout, output
+
+
+def test_smoke_is_small_and_full_runs_the_grid() -> None:
+    args = drain.parse_args(["--smoke"])
+    assert (args.jobs, args.rounds, len(args.grid)) == (300, 1, 1)
+    args = drain.parse_args([])
+    assert (args.jobs, args.rounds, args.grid_rounds) == (20000, 3, 1)
+    # 2 process counts x 3 manager counts x 2 batches x 2 caps.
+    assert len(args.grid) == 24
+
+
+def test_grid_leaves_out_caps_pgqueuer_refuses() -> None:
+    """PgQueuer wants max_concurrent_tasks >= 2 x batch_size; 0 means no cap."""
+    grid = drain.pgq_grid([1], [1], [32, 100], [0, 100])
+    assert [(row.batch, row.cap) for row in grid] == [(32, 0), (32, 100), (100, 0)]
+    assert (
+        grid[1].settings == "1 QueueManager x batch_size=32, max_concurrent_tasks=100, mode=drain"
+    )
+    assert drain.PgqRow(2, 100, 0, processes=2).in_flight == "no limit"
+    assert drain.FOUR_IN_FLIGHT.in_flight == "4"
+
+
+def test_our_rows_and_what_they_hold_in_flight() -> None:
+    rows = drain.our_rows([1, 2, 4])
+    assert [row.settings for row in rows] == [
+        "runworker --pool process --concurrency 4",
+        "runworker --pool thread --concurrency 16",
+        "runworker --pool process --concurrency 2, async def jobs",
+        "runworker --processes 2 --pool thread --concurrency 8",
+        "runworker --processes 4 --pool thread --concurrency 8",
+    ]
+    assert [row.in_flight for row in rows] == ["4", "16", "200", "16", "32"]
+    assert len({row.key for row in rows}) == len(rows)
+
+
+def test_rates_and_rounds() -> None:
+    assert drain.rate(1000, 10.0, 12.0) == 500.0
+    assert drain.rate(1000, None, 12.0) is None
+    assert drain.rate(1000, 12.0, 12.0) is None
+    rows = ["a", "b", "c"]
+    assert [drain.rotated(rows, i)[0] for i in range(4)] == ["a", "b", "c", "a"]
+
+
+def _run(rate: float | None, spawn: float | None = None, *problems: str) -> dict[str, Any]:
+    return {"drain_rate": rate, "spawn_rate": spawn, "problems": list(problems)}
+
+
+def test_summary_is_the_median_and_range_of_clean_runs() -> None:
+    summary = drain.summarize([_run(300.0, 100.0), _run(100.0, 50.0), _run(200.0, None)])
+    assert summary["drain_rate"] == 200.0
+    assert summary["drain_range"] == [100.0, 300.0]
+    assert summary["spawn_rate"] == 75.0
+    assert summary["clean"] is True
+    assert drain.summarize([_run(None, None, "lost a job")])["clean"] is False
+
+
+def test_verdict_takes_our_best_row_against_pgqueuers_best() -> None:
+    ours = {
+        "slow": drain.summarize([_run(1000.0, 800.0)]),
+        "fast": drain.summarize([_run(9000.0, 6000.0)]),
+    }
+    line = drain.verdict(ours, drain.summarize([_run(6000.0, 5000.0)]))
+    assert (line["ours_best"], line["verdict"], line["leader"]) == ("fast", "met", "ours best")
+    assert line["ratio"] == pytest.approx(1.5)
+    assert line["ratio_from_spawn"] == pytest.approx(1.2)
+    line = drain.verdict(ours, drain.summarize([_run(8000.0, 5000.0)]))
+    assert (line["verdict"], line["leader"]) == ("missed", "ours best")  # 1.125x
+    line = drain.verdict(ours, drain.summarize([_run(10000.0, 5000.0)]))
+    assert (line["verdict"], line["leader"]) == ("missed", "PgQueuer best")
+    # Fast enough, but a job ran twice: never a met goal.
+    twice = {"fast": drain.summarize([_run(9000.0, 6000.0, "a job ran twice")])}
+    assert drain.verdict(twice, drain.summarize([_run(1000.0)]))["verdict"] == "missed"
+    assert drain.verdict(ours, None)["verdict"] == "not measured"
+
+
+def test_tables_mark_the_best_rows() -> None:
+    best = drain.PgqRow(2, 100, 0, name="best")
+    ours = drain.OurRow("thread", 16)
+    rows = {best.key: best, ours.key: ours}
+    table = {best.key: drain.summarize([_run(5000.0)]), ours.key: drain.summarize([_run(7500.0)])}
+    lines = drain.side_table(table, rows, ours.key).strip().splitlines()
+    assert lines[2].startswith("| PgQueuer | 2 QueueManagers x batch_size=100, no cap, mode=drain")
+    assert "(best) | no limit | 5,000 | 5,000-5,000 | - | 1.50x | yes |" in lines[2]
+    assert lines[3].endswith("| 7,500 | 7,500-7,500 | - | reference | yes |")
+    grid = drain.grid_table({best.key: table[best.key]}, rows, best.key).strip().splitlines()
+    assert grid[2] == "| 1 | 2 | 100 | no cap | 5,000 **(best)** | - | 1 |"
