@@ -16,7 +16,7 @@ pool's event loops), in a database of its own (``lj_cost_bench``, marked, droppe
 end):
 
 1. **drain**: ``--jobs`` no-op jobs enqueued with ``bulk_enqueue``, then ONE ``runworker
-   --burst --pool P --concurrency C --no-scheduler`` (``DEBUG`` off); a sampler thread
+   --burst --pool P --concurrency C --no-scheduler`` (``DEBUG`` off: the shim's); a sampler thread
    reads, every 20 ms, the CPU (utime + stime, ``/proc/<pid>/stat``) of the worker's
    parent (its own threads: the main loop, the database thread, the heartbeat, a thread
    pool's slots), of its slots (the child processes: alive, or reaped into its
@@ -723,7 +723,6 @@ class Bench:
             **os.environ,
             "DATABASE_URL": database.url,
             "DJANGO_SETTINGS_MODULE": SETTINGS_MODULE,
-            "DEBUG": "false",  # (the test project's default is true: every query recorded)
             "PYTHONPATH": os.pathsep.join([str(workdir), str(self.manage.parent), str(REPO_ROOT)]),
         }
         self.pyspy = None if args.no_profile else find_pyspy()

@@ -1,7 +1,8 @@
 """The settings and task modules a bench's worker processes import (a "shim").
 
 ``write(directory, name)`` writes ``<name>_settings.py`` (the test project's settings,
-quiet logging, no schedules, the bench's task module in ``IMPORTS``) and
+``DEBUG`` off as in production (the test project's default is on, which records every
+query), quiet logging, no schedules, the bench's task module in ``IMPORTS``) and
 ``<name>_tasks.py`` (the tasks ``noop``, ``anoop``, ``record`` and ``arecord``) into
 ``directory``, and returns the two module names. Put ``directory`` first on the
 ``PYTHONPATH`` of the processes, with the test project's folder and the repository, and
@@ -26,6 +27,7 @@ from pathlib import Path
 SETTINGS = """\
 from testproject.settings import *  # noqa: F403
 
+DEBUG = False
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
