@@ -40,11 +40,18 @@ EndedT = TypeVar("EndedT", bound=Ended)
 @functools.cache
 def _api() -> tuple[ModuleType, ModuleType] | None:
     """``(opentelemetry.trace, opentelemetry.propagate)``, or None without the extra."""
+    global _NOT_RECORDING
     try:
         from opentelemetry import propagate, trace
     except ImportError:
         return None
+    _NOT_RECORDING = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
     return trace, propagate
+
+
+_NOT_RECORDING: tuple[type, ...] = ()
+"""The API's tracer providers that record nothing: the proxy that stands in until an SDK
+is set up, and the no-op one (filled in by :func:`_api`)."""
 
 
 def preload() -> None:
@@ -133,14 +140,18 @@ class _JobSpan:
 
     @classmethod
     def start(cls, job: ClaimedJob, backend: str) -> _JobSpan | None:
-        """The attempt's span, current from now; None without the extra or when the SDK
-        refuses it."""
+        """The attempt's span, current from now; None without the extra, without a
+        tracer provider set up (the API's proxy or no-op one: asked at each attempt, so
+        one set up later is used from then on), or when the SDK refuses it."""
         api = _api()
         if api is None:
             return None
         trace, propagate = api
         try:
-            manager = trace.get_tracer(TRACER_NAME).start_as_current_span(
+            provider = trace.get_tracer_provider()
+            if isinstance(provider, _NOT_RECORDING):
+                return None  # no SDK set up (yet): a span would record nothing
+            manager = provider.get_tracer(TRACER_NAME).start_as_current_span(
                 f"leasejobs.job {job.task_path}",
                 context=_parent(job.trace_context, propagate),
                 kind=trace.SpanKind.CONSUMER,

@@ -44,10 +44,15 @@ def exporter() -> InMemorySpanExporter:
 
 
 @pytest.fixture
-def tracer(exporter: InMemorySpanExporter) -> trace.Tracer:
-    """A tracer of the test's own SDK provider (not the global one: it can be set once)."""
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+def provider(exporter: InMemorySpanExporter) -> TracerProvider:
+    """The test's own SDK provider (not the global one: it can be set once)."""
+    made = TracerProvider()
+    made.add_span_processor(SimpleSpanProcessor(exporter))
+    return made
+
+
+@pytest.fixture
+def tracer(provider: TracerProvider) -> trace.Tracer:
     return provider.get_tracer("tests")
 
 
@@ -253,11 +258,11 @@ def claimed(trace_context: Any) -> ClaimedJob:
 @pytest.mark.parametrize("garbage", GARBAGE, ids=repr)
 def test_traced_starts_a_new_trace_for_a_garbage_context(
     monkeypatch: pytest.MonkeyPatch,
-    tracer: trace.Tracer,
+    provider: TracerProvider,
     exporter: InMemorySpanExporter,
     garbage: Any,
 ) -> None:
-    monkeypatch.setattr(trace, "get_tracer", lambda *args, **kwargs: tracer)
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
     outcome = Outcome((1, 1), ok=True)
     assert tracing.traced(claimed(garbage), "default", lambda: outcome) is outcome
     (span,) = exporter.get_finished_spans()
@@ -267,9 +272,9 @@ def test_traced_starts_a_new_trace_for_a_garbage_context(
 
 
 def test_a_snoozed_attempt_is_not_an_error(
-    monkeypatch: pytest.MonkeyPatch, tracer: trace.Tracer, exporter: InMemorySpanExporter
+    monkeypatch: pytest.MonkeyPatch, provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
-    monkeypatch.setattr(trace, "get_tracer", lambda *args, **kwargs: tracer)
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
     snoozed = Outcome(
         (1, 1), ok=False, error=ErrorInfo("x.Retry"), verdict=Verdict(Decision.SNOOZE)
     )
@@ -310,7 +315,7 @@ def test_a_broken_tracer_setup_never_costs_the_attempt(
 ) -> None:
     provider = TracerProvider()
     provider.add_span_processor(BrokenProcessor(when))
-    monkeypatch.setattr(trace, "get_tracer", lambda *args, **kwargs: provider.get_tracer("t"))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
     ran: list[bool] = []
     outcome = Outcome((1, 1), ok=True)
 
@@ -331,3 +336,19 @@ def test_a_broken_propagator_never_costs_the_enqueue(
     monkeypatch.setattr(propagate, "inject", broken_inject)
     with tracer.start_as_current_span("request"):
         assert tracing.current_context() is None
+
+
+def test_no_span_without_a_tracer_provider_set_up(
+    monkeypatch: pytest.MonkeyPatch, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    """With the API installed but no SDK set up (the API's proxy provider, or its no-op
+    one), an attempt gets no span: nothing would record it, and its making would cost
+    every job. A provider set up later is used from the next attempt on."""
+    outcome = Outcome((1, 1), ok=True)
+    for nothing in (trace.ProxyTracerProvider(), trace.NoOpTracerProvider()):
+        monkeypatch.setattr(trace, "get_tracer_provider", lambda nothing=nothing: nothing)
+        assert tracing._JobSpan.start(claimed(None), "default") is None
+        assert tracing.traced(claimed(None), "default", lambda: outcome) is outcome
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    assert tracing.traced(claimed(None), "default", lambda: outcome) is outcome
+    assert len(exporter.get_finished_spans()) == 1
