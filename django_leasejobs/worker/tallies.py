@@ -18,8 +18,9 @@ from .rounds import RoundPlan, RoundResult
 
 
 class _Keys:
-    """The rows of one round's tally: the jobs of a round share few (queue, task, time)
-    triples (a claim's rows share their claim's time), so each key is made once."""
+    """The rows of one round's tally: the jobs of a round share few (queue, task, minute)
+    triples, so each key is made once (an outcome's time is its own: the key is looked
+    up by its minute)."""
 
     __slots__ = ("backend", "known")
 
@@ -28,10 +29,11 @@ class _Keys:
         self.known: dict[tuple[str, str, datetime], RollupKey] = {}
 
     def __call__(self, job: ClaimedJob, when: datetime) -> RollupKey:
-        found = self.known.get((job.queue, job.task_path, when))
+        minute = minute_of(when)
+        found = self.known.get((job.queue, job.task_path, minute))
         if found is None:
-            found = RollupKey(self.backend, minute_of(when), job.queue, job.task_path)
-            self.known[(job.queue, job.task_path, when)] = found
+            found = RollupKey(self.backend, minute, job.queue, job.task_path)
+            self.known[(job.queue, job.task_path, minute)] = found
         return found
 
 
