@@ -518,6 +518,18 @@ def bench_smoke(ctx: Context) -> int:
     return run(["scripts/bench", "--smoke", "--output", ctx.work / "bench-smoke.json"], env=env)
 
 
+def bench_venv_smoke(ctx: Context, script: str, name: str, *more: str) -> int:
+    """``bench/<script> --smoke`` (and ``more`` arguments) in the bench virtualenv (the
+    peers, py-spy), its JSON report in ``<name>.json`` of the run's work directory."""
+    venv = ctx.work / "venv-bench"
+    status = ctx.ensure_venv(venv, needs(ctx.py3new, "3.13 or 3.12"), "bench")
+    if status:
+        return status
+    output = ctx.work / f"{name}.json"
+    python = str(venv / "bin" / "python")
+    return run([python, f"bench/{script}", "--smoke", *more, "--output", output])
+
+
 # Async jobs (300 async def jobs on two slots' event loops, 6 sync ones, and procrastinate's
 # async worker on the same private PostgreSQL; the bench virtualenv has procrastinate):
 # fails when a job was lost or ran twice, never on speed (docs/benchmarks.md#async-jobs).
@@ -526,12 +538,7 @@ def bench_smoke(ctx: Context) -> int:
     "async jobs bench smoke: bench/async_jobs.py --smoke (a private PostgreSQL, procrastinate)",
 )
 def async_bench_smoke(ctx: Context) -> int:
-    venv = ctx.work / "venv-bench"
-    status = ctx.ensure_venv(venv, needs(ctx.py3new, "3.13 or 3.12"), "bench")
-    if status:
-        return status
-    output = ctx.work / "async-bench-smoke.json"
-    return run([str(venv / "bin" / "python"), "bench/async_jobs.py", "--smoke", "--output", output])
+    return bench_venv_smoke(ctx, "async_jobs.py", "async-bench-smoke")
 
 
 # PgQueuer side by side (300 no-op jobs, each system once: PgQueuer's queue managers and
@@ -543,14 +550,7 @@ def async_bench_smoke(ctx: Context) -> int:
     "PgQueuer bench smoke: bench/pgqueuer_drain.py --smoke (a private PostgreSQL, PgQueuer)",
 )
 def pgqueuer_smoke(ctx: Context) -> int:
-    venv = ctx.work / "venv-bench"
-    status = ctx.ensure_venv(venv, needs(ctx.py3new, "3.13 or 3.12"), "bench")
-    if status:
-        return status
-    output = ctx.work / "pgqueuer-smoke.json"
-    return run(
-        [str(venv / "bin" / "python"), "bench/pgqueuer_drain.py", "--smoke", "--output", output]
-    )
+    return bench_venv_smoke(ctx, "pgqueuer_drain.py", "pgqueuer-smoke")
 
 
 # Many workers (2,000 no-op jobs, 1 and 2 burst workers, thread pool) on a private
@@ -569,13 +569,7 @@ def workers_smoke(ctx: Context) -> int:
     "cost model smoke: bench/cost_model.py --smoke (a private PostgreSQL, py-spy)",
 )
 def cost_model_smoke(ctx: Context) -> int:
-    venv = ctx.work / "venv-bench"
-    status = ctx.ensure_venv(venv, needs(ctx.py3new, "3.13 or 3.12"), "bench")
-    if status:
-        return status
-    output = ctx.work / "cost-model-smoke.json"
-    python = str(venv / "bin" / "python")
-    return run([python, "bench/cost_model.py", "--smoke", "--private-server", "--output", output])
+    return bench_venv_smoke(ctx, "cost_model.py", "cost-model-smoke", "--private-server")
 
 
 # Rollups' cost (1,000 no-op jobs, one burst worker, ROLLUPS on then off, a private
