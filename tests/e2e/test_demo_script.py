@@ -18,8 +18,9 @@ own) and its slots (process groups of their own), and the embedded PostgreSQL se
 (a detached daemon: found through its data directory's postmaster.pid).
 
 The demo always uses its embedded PostgreSQL here, whatever database the suite runs on
-(DATABASE_URL is removed from its environment), with the data in a temporary
-directory (LEASEJOBS_DEMO_DATA) instead of the repository's .demo/. The tests share
+(DATABASE_URL is removed from its environment), so these tests run in the suite's
+PostgreSQL runs only. The demo's data lives in a temporary directory
+(LEASEJOBS_DEMO_DATA) instead of the repository's .demo/. The tests share
 that directory, so the second start finds it initialized, as a user's second start
 does. VENV is this interpreter's virtualenv, so nothing new is installed.
 """
@@ -48,6 +49,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from django.db import connection
 
 from tests.waiting import wait_until
 from tests.worker_harness import REPO_ROOT
@@ -57,6 +59,12 @@ DEMO = REPO_ROOT / "scripts" / "demo"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux ptys and /proc"),
+    # The demo never touches the suite's database: run it in the PostgreSQL runs only
+    # (about 100 s each), not again on SQLite and MariaDB.
+    pytest.mark.skipif(
+        connection.vendor != "postgresql",
+        reason="the demo uses its own embedded PostgreSQL: tested in the PostgreSQL runs",
+    ),
     pytest.mark.usefixtures("terminal_signals_default"),
 ]
 
