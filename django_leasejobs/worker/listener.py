@@ -32,8 +32,10 @@ with the fix and finds jobs by polling.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
+import select
 import socket
 import threading
 from typing import TYPE_CHECKING, Any
@@ -126,9 +128,19 @@ def pooler_in_between(conn: psycopg.Connection[Any]) -> str:
     return ""
 
 
+NOTIFY_WAIT = 5.0
+"""Longest wait for a notification before the listener looks at its stop event again;
+a stop wakes it at once (:meth:`Listener.wake`)."""
+
+
 class Listener(WorkerThread):
     def __init__(self, ctx: ThreadContext, stop: threading.Event) -> None:
         super().__init__(ctx, stop, "listener")
+        # A stop sends a byte here: the wait for notifications watches this socket and
+        # the connection's together, so a stopping worker does not wait out a timeout
+        # to join this thread.
+        self._waker, self._wake_sender = socket.socketpair()
+        self._wake_sender.setblocking(False)
         configured = ctx.options.listen_database
         self.trusted = configured is not None
         """``LISTEN_DATABASE`` is set: its connection is taken as direct, unexamined."""
@@ -164,11 +176,7 @@ class Listener(WorkerThread):
                         # IDLE_POLL_INTERVAL and when its next delayed job comes due.
                         # (and a claim now: jobs may have come while not listening)
                         self.ctx.inbox.post(Listening(True))
-                        queues = self.ctx.queues
-                        while not self.stop_event.is_set():
-                            for notify in conn.notifies(timeout=0.5):
-                                if queues is None or notify.payload in queues:
-                                    self.ctx.inbox.post(JobsMayBeReady())
+                        self._relay(conn)
                     finally:
                         # Back to polling every POLL_INTERVAL at once (a claim now, too:
                         # jobs may be enqueued while nothing listens).
@@ -177,3 +185,22 @@ class Listener(WorkerThread):
                 failures += 1
                 self.announcer.listen_failed(str(exc))
                 self.stop_event.wait(min(10.0, 0.5 * 2**failures))
+
+    def _relay(self, conn: psycopg.Connection[Any]) -> None:
+        """Post a ``JobsMayBeReady`` for each notification of one of this worker's
+        queues, until the stop event is set."""
+        queues = self.ctx.queues
+        watched = [conn.fileno(), self._waker.fileno()]
+        while not self.stop_event.is_set():
+            # timeout=0: what has arrived, also while a query ran on this connection
+            # (psycopg keeps those aside: they never make the socket readable again).
+            for notify in conn.notifies(timeout=0):
+                if queues is None or notify.payload in queues:
+                    self.ctx.inbox.post(JobsMayBeReady())
+            readable, _, _ = select.select(watched, [], [], NOTIFY_WAIT)
+            if self._waker.fileno() in readable:
+                return
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):  # a byte is there already, or it is closed
+            self._wake_sender.send(b"x")

@@ -198,6 +198,8 @@ class Worker:
             self._main_loop()
         finally:
             self._stop_threads.set()
+            for thread in self._threads:
+                thread.wake()
             self.pool.shutdown()
             for thread in self._threads:
                 thread.join(timeout=5)

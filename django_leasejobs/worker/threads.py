@@ -65,5 +65,9 @@ class WorkerThread(threading.Thread):
         finally:
             connections.close_all()
 
+    def wake(self) -> None:
+        """Cut short a wait that does not watch ``stop_event`` (called after it is set).
+        Most threads wait on the event itself: nothing to do."""
+
     def loop(self) -> None:
         raise NotImplementedError
