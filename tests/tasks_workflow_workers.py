@@ -104,12 +104,15 @@ def increment(context: Any, marker_dir: str, start: int | None = None) -> int:
     return int(parent) + 1
 
 
-def _overrun(context: Any) -> None:
-    """Run past the task's timeout: until the worker stops the attempt (the process pool
-    kills the slot; a thread sees ``context.lease_lost``), at most 60 s."""
+def _overrun(context: Any, marker_dir: str) -> None:
+    """Run past the task's timeout: until the worker stops the attempt, at most 60 s. The
+    process pool kills the slot; a thread sees ``context.lease_lost`` and records
+    ``stopped`` before it returns."""
     deadline = time.monotonic() + 60
     while not context.lease_lost and time.monotonic() < deadline:
         time.sleep(0.01)
+    if context.lease_lost:
+        record(context, marker_dir, "stopped")
 
 
 @task(takes_context=True, timeout=0.5, max_attempts=2)
@@ -118,7 +121,7 @@ def overrun_first_attempt(context: Any, marker_dir: str) -> int:
     the attempt number at once."""
     record(context, marker_dir, "overrun")
     if context.attempt == 1:
-        _overrun(context)
+        _overrun(context, marker_dir)
     return int(context.attempt)
 
 
@@ -126,7 +129,7 @@ def overrun_first_attempt(context: Any, marker_dir: str) -> int:
 def always_overrun(context: Any, marker_dir: str) -> None:
     """Records its run, then runs past its 0.5 s timeout (one attempt: it ends failed)."""
     record(context, marker_dir, "overrun")
-    _overrun(context)
+    _overrun(context, marker_dir)
 
 
 GO = "go"

@@ -22,7 +22,7 @@ from tests import tasks_workflow_workers as t
 from tests.tasks_worker_flow import read_lines
 from tests.waiting import wait_until
 from tests.worker.test_worker_flow_control import most_at_once
-from tests.worker_harness import Workers
+from tests.worker_harness import Workers, pid_alive
 from tests.workflows.test_workflow_workers import _rows, _started_ids, _wait_all_succeeded
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -98,8 +98,34 @@ def test_a_steps_timeout_retries_or_ends_it_and_its_dependants_follow(
         rows[unrun[1]].last_error
     )
 
+    # Each timed-out attempt was stopped: the process pool killed its slot, a thread saw
+    # its lease lost and returned (its late success refused by the fence).
+    timed_out = {
+        (job_id, pid)
+        for kind, job_id, attempt, pid in t.read_runs(marker_dir)
+        if kind == "overrun" and attempt == 1
+    }
+    assert {job_id for job_id, _ in timed_out} == {parent, doomed}
+    if pool == "process":
+        assert not any(pid_alive(pid) for _, pid in timed_out), timed_out
+        assert worker.pid not in {pid for _, pid in timed_out}
+    else:
+        assert {pid for _, pid in timed_out} == {worker.pid}
+        wait_until(
+            lambda: (
+                {(j, a) for k, j, a, _ in t.read_runs(marker_dir) if k == "stopped"}
+                == {(parent, 1), (doomed, 1)}
+            ),
+            timeout=10,
+            what="both timed-out threads to see their attempt stopped",
+        )
+
     # The child ran once, after the retry; the dependants of the failed step never ran.
-    runs = [(kind, job_id, attempt) for kind, job_id, attempt, _ in t.read_runs(marker_dir)]
+    runs = [
+        (kind, job_id, attempt)
+        for kind, job_id, attempt, _ in t.read_runs(marker_dir)
+        if kind != "stopped"
+    ]
     assert [r for r in runs if r[1] in (parent, child)] == [
         ("overrun", parent, 1),
         ("overrun", parent, 2),
