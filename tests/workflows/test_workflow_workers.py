@@ -63,10 +63,15 @@ def _started_ids(*started: WorkerProcess) -> Counter[int]:
 
 CHORDS = 200
 TOGETHER = 0.05
-"""Seconds between the ends of a chord's two members that count as "together"."""
+"""Seconds between the ends (``finished_at``) of a chord's two members that count as
+"together"."""
+TOGETHER_SQLITE = 0.1
+"""The same on SQLite, where the second of two writes that meet waits for the first in
+its busy handler, which sleeps in steps of up to 100 ms (measured gaps, every pair met:
+median 20 ms, 90th percentile 50-75 ms)."""
 MOST_TOGETHER = 150
-"""Chords whose members must end within ``TOGETHER`` of each other (of ``CHORDS``):
-runs on a quiet machine measured 192 to 200; a loaded 2-core CI machine leaves a
+"""Chords whose members must end together (of ``CHORDS``): 178 to 200 measured on a
+2-core machine with a load of 2 to 6, on every database in both pools; it leaves a
 margin."""
 
 
@@ -117,7 +122,8 @@ def test_two_parents_ending_together_in_two_workers_release_the_callback_once(
         abs((rows[a].finished_at - rows[b].finished_at).total_seconds())
         for a, b in members.values()
     ]
-    assert sum(gap < TOGETHER for gap in gaps) >= MOST_TOGETHER, sorted(gaps)
+    together = TOGETHER_SQLITE if connection.vendor == "sqlite" else TOGETHER
+    assert sum(gap < together for gap in gaps) >= MOST_TOGETHER, sorted(gaps)
     # Every job ran one attempt, and none failed or was reaped on the way.
     assert {rows[i].attempt for i in all_ids} == {1}
     assert not JobAttempt.objects.filter(job_id__in=all_ids).exists()
