@@ -107,7 +107,11 @@ def test_a_steps_timeout_retries_or_ends_it_and_its_dependants_follow(
     }
     assert {job_id for job_id, _ in timed_out} == {parent, doomed}
     if pool == "process":
-        assert not any(pid_alive(pid) for _, pid in timed_out), timed_out
+        wait_until(
+            lambda: not any(pid_alive(pid) for _, pid in timed_out),
+            timeout=5,
+            what=f"the timed-out attempts' slots to be gone: {timed_out}",
+        )
         assert worker.pid not in {pid for _, pid in timed_out}
     else:
         assert {pid for _, pid in timed_out} == {worker.pid}
