@@ -102,3 +102,46 @@ def increment(context: Any, marker_dir: str, start: int | None = None) -> int:
         return start + 1
     [parent] = context.parent_results
     return int(parent) + 1
+
+
+def _overrun(context: Any, marker_dir: str) -> None:
+    """Run past the task's timeout: until the worker stops the attempt, at most 60 s. The
+    process pool kills the slot; a thread sees ``context.lease_lost`` and records
+    ``stopped`` before it returns."""
+    deadline = time.monotonic() + 60
+    while not context.lease_lost and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if context.lease_lost:
+        record(context, marker_dir, "stopped")
+
+
+@task(takes_context=True, timeout=0.5, max_attempts=2)
+def overrun_first_attempt(context: Any, marker_dir: str) -> int:
+    """Records its run; its first attempt runs past its 0.5 s timeout, a later one returns
+    the attempt number at once."""
+    record(context, marker_dir, "overrun")
+    if context.attempt == 1:
+        _overrun(context, marker_dir)
+    return int(context.attempt)
+
+
+@task(takes_context=True, timeout=0.5, max_attempts=1)
+def always_overrun(context: Any, marker_dir: str) -> None:
+    """Records its run, then runs past its 0.5 s timeout (one attempt: it ends failed)."""
+    record(context, marker_dir, "overrun")
+    _overrun(context, marker_dir)
+
+
+GO = "go"
+
+
+@task(takes_context=True)
+def wait_for_go(context: Any, marker_dir: str) -> int:
+    """Records its run, waits (up to 60 s) until the test leaves ``<marker_dir>/go``, and
+    returns the attempt number; a later attempt returns at once."""
+    record(context, marker_dir, "parent")
+    if context.attempt == 1:
+        deadline = time.monotonic() + 60
+        while not (Path(marker_dir) / GO).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return int(context.attempt)
