@@ -186,34 +186,39 @@ def _lock_children(
     """Lock, in id order, the waiting children the level changes: those with a direct
     edge from ``parents``, those with a counter ``emptied`` here, and those without
     ``on_parent_failure = 'run'`` that have a parent among ``bad_parents`` (they end
-    unrun); child -> its ``on_parent_failure``."""
+    unrun); child -> its ``on_parent_failure``.
+
+    The children are found from the edges first, then locked by id: a locking read that
+    joins the edges could lock more than it returns (InnoDB locks the rows it examines,
+    such as every waiting step, or a wide chord's callback)."""
     edges = _edges(d)
     in_parents, parent_params = parents
     in_among, among_params = among
-    lock = " FOR UPDATE" if d.row_locks else ""
-    reasons = [
-        f"c.id IN (SELECT e.child_id FROM {edges} AS e "  # noqa: S608 - identifiers quoted, values bound
-        f"WHERE e.parent_id {in_parents} AND e.fanin_id IS NULL)"
-    ]
-    params = [*parent_params]
-    if emptied:
-        in_emptied, emptied_params = d.in_ids(sorted(emptied))
-        reasons.append(f"c.id {in_emptied}")
-        params.extend(emptied_params)
+    which, params = "e.fanin_id IS NULL", [*parent_params]
     if bad_parents:
         in_bad, bad_params = d.in_ids(bad_parents)
-        reasons.append(
-            "(c.on_parent_failure IS NULL AND c.id IN (SELECT e.child_id "  # noqa: S608 - identifiers quoted, values bound
-            f"FROM {edges} AS e WHERE e.parent_id {in_bad}))"
+        which = (
+            f"(e.fanin_id IS NULL OR (e.parent_id {in_bad} AND EXISTS (SELECT 1 FROM {d.jobs} "  # noqa: S608 - identifiers quoted, values bound
+            "AS s WHERE s.id = e.child_id AND s.on_parent_failure IS NULL)))"
         )
         params.extend(bad_params)
     cursor.execute(
-        f"SELECT c.id, c.on_parent_failure FROM {d.jobs} AS c "  # noqa: S608 - identifiers quoted, values bound
-        f"WHERE c.status = 'waiting' AND ({' OR '.join(reasons)})"
-        f"{' AND c.id ' + in_among if in_among else ''} ORDER BY c.id{lock}",
+        f"SELECT DISTINCT e.child_id FROM {edges} AS e WHERE e.parent_id {in_parents} "  # noqa: S608 - identifiers quoted, values bound
+        f"AND {which}{' AND e.child_id ' + in_among if in_among else ''}",
         [*params, *among_params],
     )
-    return {int(child): mode for child, mode in cursor.fetchall()}
+    candidates = sorted({int(child) for (child,) in cursor.fetchall()} | set(emptied))
+    lock = " FOR UPDATE" if d.row_locks else ""
+    children: dict[int, str | None] = {}
+    for chunk in id_chunks(candidates):
+        in_chunk, chunk_params = d.in_ids(chunk)
+        cursor.execute(
+            f"SELECT id, on_parent_failure FROM {d.jobs} "  # noqa: S608 - identifiers quoted, values bound
+            f"WHERE id {in_chunk} AND status = 'waiting' ORDER BY id{lock}",
+            chunk_params,
+        )
+        children.update((int(child), mode) for child, mode in cursor.fetchall())
+    return children
 
 
 def _end_unrun(

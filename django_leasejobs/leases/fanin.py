@@ -106,36 +106,44 @@ def drops_sql(
 def drop(
     d: Dialect, cursor: Any, parents: tuple[str, list[Any]], among: tuple[str, list[Any]]
 ) -> dict[int, list[int]]:
-    """Take the ended ``parents`` from their counters (locked in id order; ``among``:
-    only the counters of these children). Returns, per child, its counters that reached
-    zero in this write: each counts the child down by one."""
+    """Take the ended ``parents`` from their counters (``among``: only the counters of
+    these children). Returns, per child, its counters that reached zero in this write:
+    each counts the child down by one.
+
+    The counters are found from the edges first, then locked by id in id order: a
+    locking read that joins the edges could lock more than it returns (InnoDB locks the
+    rows it examines)."""
     in_parents, parent_params = parents
     in_among, among_params = among
-    only = f" AND f.child_id {in_among}" if in_among else ""
+    only = f" AND e.child_id {in_among}" if in_among else ""
     edges, counters = _edges(d), table(d)
-    lock = " FOR UPDATE" if d.row_locks else ""
-    hits = (
-        f"(SELECT COUNT(*) FROM {edges} AS e "  # noqa: S608 - identifiers quoted, values bound
-        f"WHERE e.fanin_id = f.id AND e.parent_id {in_parents})"
-    )
     cursor.execute(
-        f"SELECT f.id, f.child_id, f.remaining, {hits} FROM {counters} AS f "  # noqa: S608 - identifiers quoted, values bound
-        f"WHERE f.id IN (SELECT e.fanin_id FROM {edges} AS e WHERE e.parent_id {in_parents}){only} "
-        f"ORDER BY f.id{lock}",
-        [*parent_params, *parent_params, *among_params],
+        f"SELECT e.fanin_id, COUNT(*) FROM {edges} AS e "  # noqa: S608 - identifiers quoted, values bound
+        f"WHERE e.parent_id {in_parents} AND e.fanin_id IS NOT NULL{only} GROUP BY e.fanin_id",
+        [*parent_params, *among_params],
     )
-    found = [(int(i), int(c), int(r), int(n)) for i, c, r, n in cursor.fetchall()]
-    for chunk in id_chunks([counter for counter, _, _, _ in found]):
+    hits = {int(counter): int(n) for counter, n in cursor.fetchall()}
+    lock = " FOR UPDATE" if d.row_locks else ""
+    emptied: dict[int, list[int]] = {}
+    for chunk in id_chunks(sorted(hits)):
         in_chunk, chunk_params = d.in_ids(chunk)
         cursor.execute(
-            f"UPDATE {counters} AS f SET remaining = f.remaining - {hits} "  # noqa: S608 - identifiers quoted, values bound
-            f"WHERE f.id {in_chunk}",
-            [*parent_params, *chunk_params],
+            f"SELECT id, child_id, remaining FROM {counters} "  # noqa: S608 - identifiers quoted, values bound
+            f"WHERE id {in_chunk} ORDER BY id{lock}",
+            chunk_params,
         )
-    emptied: dict[int, list[int]] = {}
-    for counter, child, remaining, hit in found:
-        if remaining > 0 >= remaining - hit:
-            emptied.setdefault(child, []).append(counter)
+        found = [(int(i), int(child), int(left)) for i, child, left in cursor.fetchall()]
+        by_hits: dict[int, list[int]] = {}
+        for counter, child, left in found:
+            by_hits.setdefault(hits[counter], []).append(counter)
+            if left > 0 >= left - hits[counter]:
+                emptied.setdefault(child, []).append(counter)
+        for n, ids in sorted(by_hits.items()):
+            in_ids, ids_params = d.in_ids(ids)
+            cursor.execute(
+                f"UPDATE {counters} SET remaining = remaining - %s WHERE id {in_ids}",  # noqa: S608 - identifiers quoted, values bound
+                [n, *ids_params],
+            )
     return emptied
 
 
