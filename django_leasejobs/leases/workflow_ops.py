@@ -124,8 +124,8 @@ def _retry_failed_steps(d: Dialect, workflow_id: int) -> int:
         fanin.lock_of_steps(d, cursor, workflow_id, RETRIED)
         cursor.execute(
             f"SELECT id FROM {d.jobs} WHERE workflow_id = %s "  # noqa: S608 - identifiers quoted, values bound
-            f"AND status IN ('failed', 'dead', 'cancelled') ORDER BY id{lock}",
-            [workflow_id],
+            f"AND status IN ({placeholders(len(RETRIED))}) ORDER BY id{lock}",
+            [workflow_id, *RETRIED],
         )
         steps = [int(job_id) for (job_id,) in cursor.fetchall()]
         if not steps:
@@ -155,8 +155,8 @@ def _retry_failed_steps(d: Dialect, workflow_id: int) -> int:
                     "max_attempts = CASE WHEN j.max_attempts <= j.attempt THEN j.attempt + 1 "
                     "ELSE j.max_attempts END "
                     f"WHERE j.id IN ({placeholders(len(chunk))}) "
-                    "AND j.status IN ('failed', 'dead', 'cancelled')",
-                    ["waiting" if count else "pending", count or None, *chunk],
+                    f"AND j.status IN ({placeholders(len(RETRIED))})",
+                    ["waiting" if count else "pending", count or None, *chunk, *RETRIED],
                 )
         cursor.execute(
             f"SELECT DISTINCT queue FROM {d.jobs} WHERE workflow_id = %s AND status = 'pending'",  # noqa: S608 - identifiers quoted, values bound

@@ -65,8 +65,14 @@ def test_a_wide_chord_of_200_members_releases_its_callback_once(lease_path: str)
     )
     assert all(a < b for (_, a), (_, b) in pairwise(edges))  # members in id order
 
+    from django_leasejobs.queues import waiting_reasons
+
+    [reason] = waiting_reasons(Job.objects.get(pk=callback))
+    assert "it waits for 200 of its 200 parent steps" in reason
     run_jobs(max_jobs=199)
     row = Job.objects.get(pk=callback)
+    [reason] = waiting_reasons(row)
+    assert "it waits for 1 of its 200 parent steps" in reason
     assert (row.status, row.waiting_on) == (JobStatus.WAITING, 1)
     assert [remaining for _, remaining in counters_of(callback)] == [0, 0, 0, 1]
     runs = run_jobs()
