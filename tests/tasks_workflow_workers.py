@@ -102,3 +102,17 @@ def increment(context: Any, marker_dir: str, start: int | None = None) -> int:
         return start + 1
     [parent] = context.parent_results
     return int(parent) + 1
+
+
+HOLD = "hold"
+
+
+@task(takes_context=True)
+def held(context: Any, marker_dir: str, n: int) -> int:
+    """Records its run; then waits (up to 120 s) while ``<marker_dir>/hold`` exists, so that
+    a worker is busy with it when the test kills the worker; returns ``n``."""
+    record(context, marker_dir, "held")
+    deadline = time.monotonic() + 120
+    while (Path(marker_dir) / HOLD).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return n

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from django.db import connection, transaction
@@ -188,29 +189,46 @@ def test_a_worker_killed_while_it_counts_a_counter_down_loses_no_release(
 def test_a_worker_killed_in_a_wide_chords_drain_loses_no_release(
     workers: Workers, marker_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A worker is SIGKILLed once some counters emptied (their commits stay) while it
-    holds members (they run again after their leases expire); another worker finishes
-    the chord, and the callback runs once."""
+    """A worker is SIGKILLed once two counters emptied (their commits stay) while it runs
+    members (they run again after their leases expire); another worker finishes the
+    chord, and the callback runs once."""
     monkeypatch.setattr(fanin, "FANIN_WIDTH", 8)
-    members = 80  # ten counters of 8
-    flow = chord(
-        group(*(step(t.increment, marker_dir, n) for n in range(members))),
-        step(t.after_parent, marker_dir),
-    ).enqueue()
+    members = 80  # ten counters of 8: the first two of fast members, the rest held
+    fast = 16
+    parts = [
+        step(t.increment, marker_dir, n) if n < fast else step(t.held, marker_dir, n)
+        for n in range(members)
+    ]
+    flow = chord(group(*parts), step(t.after_parent, marker_dir)).enqueue()
     ids = [int(s.id) for s in flow.steps]
     callback = ids[-1]
+    hold = Path(marker_dir) / t.HOLD
+    hold.touch()
     first = workers.start(args=["--concurrency", "2", "--worker-id", "first"])
-    wait_until(lambda: _counters(callback).count(0) >= 2, timeout=30, what="two counters to empty")
+    wait_until(
+        lambda: (
+            _counters(callback).count(0) == 2
+            and any(k == "held" for k, _, _, _ in t.read_runs(marker_dir))
+        ),
+        timeout=30,
+        what="two counters to empty and the worker to run a held member",
+    )
     first.kill()
     assert first.wait(timeout=10) == -signal.SIGKILL
     _kill_leftovers(workers, first)
+    hold.unlink()
     assert Job.objects.get(pk=callback).status == JobStatus.WAITING
+    assert Job.objects.get(pk=callback).waiting_on == 8
     second = workers.start(args=["--concurrency", "2", "--worker-id", "second"])
     _wait_all_succeeded(ids, timeout=60, what="the rest of the chord")
     row = Job.objects.get(pk=callback)
     assert (row.attempt, row.waiting_on, row.last_worker) == (1, 0, "second")
-    assert row.result == {"parents": [n + 1 for n in range(members)], "attempt": 1}
+    assert row.result == {
+        "parents": [n + 1 if n < fast else n for n in range(members)],
+        "attempt": 1,
+    }
     assert _counters(callback) == [0] * 10
-    _callback_ran_once(marker_dir, callback)
+    runs = _callback_ran_once(marker_dir, callback)
+    assert {a for k, _, a, _ in runs if k == "held"} <= {1, 2}
     second.terminate()
     assert second.wait(timeout=15) == 0, second.output
