@@ -82,7 +82,8 @@ FAN_IN_GOAL_S = 1.0
 """The callback of a chord starts within this many seconds of its last member's end."""
 SHAPES = ("chord", "chain", "plain")
 TABLES = (
-    "leasejobs_dependency, leasejobs_attempt, leasejobs_job, leasejobs_workflow, leasejobs_worker"
+    "leasejobs_dependency, leasejobs_fanin, leasejobs_attempt, leasejobs_job, leasejobs_workflow, "
+    "leasejobs_worker"
 )
 
 

@@ -648,7 +648,7 @@ class LeaseJobsBackend(BaseTaskBackend):  # type: ignore[misc]
                             spec.step.args,
                             spec.step.kwargs,
                             workflow_id=workflow.pk,
-                            waiting_on=len(spec.parents) or None,
+                            waiting_on=leases.waits_for(len(spec.parents)) or None,
                             on_parent_failure=spec.step.parent_failure_column,
                         )
                     )

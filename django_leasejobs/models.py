@@ -349,6 +349,17 @@ class Dependency(models.Model):
         Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+", db_index=False
     )
     position = models.PositiveIntegerField()
+    fanin = models.ForeignKey(
+        "FanIn",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,  # read from the parent's side (its index), never looked up by counter
+        related_name="+",
+        help_text="The fan-in counter this edge counts down (a child with more parents "
+        "than leases.FANIN_WIDTH); null = the edge counts the child down directly.",
+    )
 
     class Meta:
         app_label = APP_LABEL
@@ -363,6 +374,30 @@ class Dependency(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.child_id} after #{self.parent_id}"
+
+
+class FanIn(models.Model):
+    """A counter of a workflow step with many parents: how many of one contiguous run of
+    its parents (by position) have not finished. The step's ``waiting_on`` counts its
+    counters that have not reached zero, so the parents of different counters never wait
+    for one lock (``leases/fanin.py``)."""
+
+    child = models.ForeignKey(
+        Job, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    remaining = models.IntegerField(
+        help_text="The parents of this counter that have not finished yet."
+    )
+
+    class Meta:
+        app_label = APP_LABEL
+        db_table = "leasejobs_fanin"
+        verbose_name = _("fan-in counter")
+        verbose_name_plural = _("fan-in counters")
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"#{self.child_id} waits for {self.remaining} more"
 
 
 class QueueDashboard(Job):

@@ -38,6 +38,7 @@ from .functions import DatabaseNow
 from .models import (
     FINISHED_STATUSES,
     Dependency,
+    FanIn,
     Job,
     JobAttempt,
     JobRollup,
@@ -195,7 +196,9 @@ def delete_finished(
         JobAttempt.objects.using(using).filter(job_id__in=ids).delete()
         # A deleted workflow step's edges to its parents go with it (a step that waits
         # for a deleted parent sees it as "missing": workflow_ops.parent_outcomes).
+        # ... and so do its fan-in counters (leases/fanin.py), which only its edges name.
         Dependency.objects.using(using).filter(child_id__in=ids).delete()
+        FanIn.objects.using(using).filter(child_id__in=ids).delete()
         _, per_model = rows.filter(pk__in=ids).delete()
         return per_model.get(Job._meta.label, 0)
 

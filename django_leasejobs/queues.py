@@ -29,7 +29,7 @@ from .conf import MAX_QUEUE_NAME
 from .functions import DatabaseNow
 from .leases import NOTIFY_CHANNEL, database_now, notify
 from .limits import FlowRules, Rate, describe_group, parse_rate, queue_scope, task_group
-from .models import Job, JobStatus, Queue, RateStart
+from .models import ACTIVE_STATUSES, Dependency, Job, JobStatus, Queue, RateStart
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,9 +191,11 @@ def waiting_reasons(job: Job) -> list[str]:
     """Why the pending ``job`` is not running yet, in words (empty: nothing holds it back,
     a worker should take it at its next claim). For the admin's job page."""
     if job.status == JobStatus.WAITING:
+        edges = Dependency.objects.using(job._state.db or "default").filter(child_id=job.pk)
+        unfinished = edges.filter(parent__status__in=ACTIVE_STATUSES).count()
         return [
-            f"a workflow step: it waits for {job.waiting_on or 0} of its parent steps to "
-            "finish, and becomes pending when the last one succeeds"
+            f"a workflow step: it waits for {unfinished} of its {edges.count()} parent steps "
+            "to finish, and becomes pending when the last one succeeds"
         ]
     if job.status != JobStatus.PENDING:
         return []

@@ -145,3 +145,17 @@ def wait_for_go(context: Any, marker_dir: str) -> int:
         while not (Path(marker_dir) / GO).exists() and time.monotonic() < deadline:
             time.sleep(0.01)
     return int(context.attempt)
+
+
+HOLD = "hold"
+
+
+@task(takes_context=True)
+def held(context: Any, marker_dir: str, n: int) -> int:
+    """Records its run; then waits (up to 120 s) while ``<marker_dir>/hold`` exists, so that
+    a worker is busy with it when the test kills the worker; returns ``n``."""
+    record(context, marker_dir, "held")
+    deadline = time.monotonic() + 120
+    while (Path(marker_dir) / HOLD).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return n

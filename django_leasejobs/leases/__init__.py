@@ -24,7 +24,10 @@ ORM expression the models' defaults need, in ``functions.py``), split by concern
 * ``keys``: the job an enqueue with a dedup key returns (unique while active, and within
   a ``unique_for`` window), and debounce's replacement of a pending job;
 * ``flow``: the claim of jobs under flow control (paused queues, concurrency and rate
-  limits) and the next-due lookup that skips paused queues.
+  limits) and the next-due lookup that skips paused queues;
+* ``dependants``, ``fanin``, ``workflow_ops``: workflow steps released or ended after
+  their parents end, the fan-in counters of steps with many parents, and a workflow's
+  operator writes.
 
 It knows nothing of processes, threads or signals.
 """
@@ -53,6 +56,7 @@ from .enqueue import (
     insert_job,
     notify,
 )
+from .fanin import waits_for
 from .finish import (
     complete,
     complete_many,
@@ -174,4 +178,5 @@ __all__ = [
     "settle_new_steps",
     "storable_text",
     "unclaim",
+    "waits_for",
 ]

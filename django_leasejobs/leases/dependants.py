@@ -6,20 +6,26 @@ transaction, so the release is committed with the parent's outcome or not at all
 worker killed after the commit cannot lose it, and one killed before it leaves the
 parent running, to be re-run and settle then.
 
-A waiting step counts its parents that have not finished (``waiting_on``). Settling a
-batch of ended parents locks their waiting children in id order (the order every
-settle takes, so two settles never deadlock), then in one statement per kind:
+A waiting step counts its parents that have not finished (``waiting_on``), or, with more
+than ``fanin.FANIN_WIDTH`` parents, its fan-in counters that have not reached zero
+(``fanin.py``). Settling a batch of ended parents first takes them from their counters
+(locked in id order), then locks the waiting children it changes in id order (the order
+every settle takes, counters before jobs, so two settles never deadlock), then in one
+statement per kind:
 
 * a child with a parent that ended without succeeding, and no ``on_parent_failure="run"``,
   ends ``failed`` without running, with an error that names that parent; its own
   dependants are settled the same way (transitively);
-* every other child's ``waiting_on`` drops by the number of its parents in the batch,
-  and the child whose count reaches zero becomes ``pending``: claimable.
+* every other child's ``waiting_on`` drops by the number of its direct parents in the
+  batch and of its counters that reached zero, and the child whose count reaches zero
+  becomes ``pending``: claimable.
 
-Two parents that end at once in two workers each take the child's row lock: the second
-waits for the first's commit and reads the count the first left, so exactly one of them
+Two parents that end at once in two workers each take the lock of what they count down
+(their counter, or the child's row): the second waits for the first's commit and reads
+the count the first left, so exactly one of them empties the counter, and exactly one
 makes the child pending. Nothing counts a whole group: each settle touches only the
-children of the parents it ends.
+counters and children of the parents it ends, and a member of a wide chord takes the
+callback's row lock only when its counter reaches zero.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from ..models import Dependency
+from . import fanin
 from .dialect import Dialect, dialect, id_chunks
 from .enqueue import NOTIFY_CHANNEL, notify
 
@@ -128,35 +135,25 @@ def _settle_level(
     d: Dialect, cursor: Any, level: list[EndedStep], only: Sequence[int] | None
 ) -> tuple[list[tuple[int, str]], list[EndedStep]]:
     """Settle the children of one level of ended steps (``only`` these, when given):
-    (released, ended without running)."""
+    (released, ended without running). Their fan-in counters first (locked in id order),
+    then the children's rows (in id order)."""
     edges = _edges(d)
     parents = sorted({step.id for step in level})
     in_parents, parent_params = d.in_ids(parents)
-    lock = " FOR UPDATE" if d.row_locks else ""
     among, among_params = ("", []) if only is None else d.in_ids(sorted(only))
-
-    def waiting_children(columns: str) -> str:
-        return (
-            f"SELECT c.id{columns} FROM {d.jobs} AS c "  # noqa: S608 - identifiers quoted, values bound
-            f"WHERE c.status = 'waiting' AND c.id IN "
-            f"(SELECT e.child_id FROM {edges} AS e WHERE e.parent_id {in_parents}) "
-            f"{'AND c.id ' + among + ' ' if among else ''}ORDER BY c.id{lock}"
-        )
-
     if d.vendor == "postgresql" and d.batched and all(step.succeeded for step in level):
-        # Every parent succeeded: lock, count down and read back in one statement (the
+        # Every parent succeeded: counters, count-down and read-back in one statement (the
         # children's row locks are then held for the least time, until the commit).
         return _count_down_at_once(
-            d,
-            cursor,
-            (waiting_children(""), [*parent_params, *among_params]),
-            (in_parents, parent_params),
+            d, cursor, (in_parents, parent_params), (among, among_params)
         ), []
-    cursor.execute(waiting_children(", c.on_parent_failure"), [*parent_params, *among_params])
-    children = {int(child): mode for child, mode in cursor.fetchall()}
+    emptied = fanin.drop(d, cursor, (in_parents, parent_params), (among, among_params))
+    bad_parents = sorted(step.id for step in level if not step.succeeded)
+    children = _lock_children(
+        d, cursor, (in_parents, parent_params), (among, among_params), emptied, bad_parents
+    )
     if not children:
         return [], []
-    bad_parents = sorted(step.id for step in level if not step.succeeded)
     strict = sorted(child for child, mode in children.items() if mode != "run")
     doomed: dict[int, int] = {}  # child -> the first failed parent among its parents
     if bad_parents and strict:
@@ -171,10 +168,57 @@ def _settle_level(
             doomed.update((int(child), int(parent)) for child, parent in cursor.fetchall())
     ended_now = _end_unrun(d, cursor, {step.id: step for step in level}, doomed)
     counted = sorted(set(children) - set(doomed))
+    counters = sorted(c for child in counted for c in emptied.get(child, []))
     released: list[tuple[int, str]] = []
     for chunk in id_chunks(counted):
-        released.extend(_count_down(d, cursor, edges, (in_parents, parent_params), chunk))
+        released.extend(_count_down(d, cursor, (in_parents, parent_params), counters, chunk))
     return released, ended_now
+
+
+def _lock_children(
+    d: Dialect,
+    cursor: Any,
+    parents: tuple[str, list[Any]],
+    among: tuple[str, list[Any]],
+    emptied: dict[int, list[int]],
+    bad_parents: list[int],
+) -> dict[int, str | None]:
+    """Lock, in id order, the waiting children the level changes: those with a direct
+    edge from ``parents``, those with a counter ``emptied`` here, and those without
+    ``on_parent_failure = 'run'`` that have a parent among ``bad_parents`` (they end
+    unrun); child -> its ``on_parent_failure``.
+
+    The children are found from the edges first, then locked by id: a locking read that
+    joins the edges could lock more than it returns (InnoDB locks the rows it examines,
+    such as every waiting step, or a wide chord's callback)."""
+    edges = _edges(d)
+    in_parents, parent_params = parents
+    in_among, among_params = among
+    which, params = "e.fanin_id IS NULL", [*parent_params]
+    if bad_parents:
+        in_bad, bad_params = d.in_ids(bad_parents)
+        which = (
+            f"(e.fanin_id IS NULL OR (e.parent_id {in_bad} AND EXISTS (SELECT 1 FROM {d.jobs} "  # noqa: S608 - identifiers quoted, values bound
+            "AS s WHERE s.id = e.child_id AND s.on_parent_failure IS NULL)))"
+        )
+        params.extend(bad_params)
+    cursor.execute(
+        f"SELECT DISTINCT e.child_id FROM {edges} AS e WHERE e.parent_id {in_parents} "  # noqa: S608 - identifiers quoted, values bound
+        f"AND {which}{' AND e.child_id ' + in_among if in_among else ''}",
+        [*params, *among_params],
+    )
+    candidates = sorted({int(child) for (child,) in cursor.fetchall()} | set(emptied))
+    lock = " FOR UPDATE" if d.row_locks else ""
+    children: dict[int, str | None] = {}
+    for chunk in id_chunks(candidates):
+        in_chunk, chunk_params = d.in_ids(chunk)
+        cursor.execute(
+            f"SELECT id, on_parent_failure FROM {d.jobs} "  # noqa: S608 - identifiers quoted, values bound
+            f"WHERE id {in_chunk} AND status = 'waiting' ORDER BY id{lock}",
+            chunk_params,
+        )
+        children.update((int(child), mode) for child, mode in cursor.fetchall())
+    return children
 
 
 def _end_unrun(
@@ -209,37 +253,49 @@ def _end_unrun(
     return ended
 
 
-def _counted_down(edges: str, in_parents: str) -> str:
-    """The SET list of a count-down: ``waiting_on`` minus the child's parents among
-    ``in_parents``, ``pending`` at zero (``status`` first: MySQL assigns in order, and the
-    status reads the old ``waiting_on``). Its parameters: the parents' twice."""
+def _counted_down(d: Dialect, in_parents: str, counters: list[int]) -> tuple[str, list[Any]]:
+    """The SET list of a count-down and its parameters after the parents' (given once):
+    ``waiting_on`` minus the child's direct edges from ``in_parents`` and its fan-in
+    ``counters`` that reached zero, ``pending`` at zero (``status`` first: MySQL assigns in
+    order, and the status reads the old ``waiting_on``)."""
     finished = (
-        f"(SELECT COUNT(*) FROM {edges} AS e WHERE e.child_id = j.id "  # noqa: S608 - identifiers quoted, values bound
-        f"AND e.parent_id {in_parents})"
+        f"(SELECT COUNT(*) FROM {_edges(d)} AS e WHERE e.child_id = j.id "  # noqa: S608 - identifiers quoted, values bound
+        f"AND e.parent_id {in_parents} AND e.fanin_id IS NULL)"
     )
+    params: list[Any] = []
+    if counters:
+        in_counters, params = d.in_ids(counters)
+        finished += (
+            f" + (SELECT COUNT(*) FROM {fanin.table(d)} AS f "  # noqa: S608 - identifiers quoted, values bound
+            f"WHERE f.child_id = j.id AND f.id {in_counters})"
+        )
     return (
-        f"status = CASE WHEN j.waiting_on - {finished} <= 0 THEN 'pending' ELSE 'waiting' END, "
-        f"waiting_on = j.waiting_on - {finished}"
-    )
+        f"status = CASE WHEN j.waiting_on - ({finished}) <= 0 THEN 'pending' ELSE 'waiting' END, "
+        f"waiting_on = j.waiting_on - ({finished})"
+    ), params
 
 
 def _count_down_at_once(
     d: Dialect,
     cursor: Any,
-    children: tuple[str, list[Any]],
     parents: tuple[str, list[Any]],
+    among: tuple[str, list[Any]],
 ) -> list[tuple[int, str]]:
-    """PostgreSQL's count-down: ``children`` (the SELECT of the waiting children,
-    locked in id order) in a materialised CTE, the ``UPDATE`` of :func:`_count_down`,
-    ``RETURNING`` the released ones. One statement."""
-    children_sql, children_params = children
-    in_parents, parent_params = parents
+    """PostgreSQL's settle of parents that all succeeded, in one statement: the fan-in
+    counters of ``parents`` locked in id order and counted down (``fanin.drops_sql``),
+    then the waiting children that lose a count (``among`` them, when given) locked in id
+    order in a materialised CTE, counted down, ``RETURNING`` the released ones."""
+    drops, drops_params = fanin.drops_sql(d, parents, among)
     cursor.execute(
-        f"WITH kids AS MATERIALIZED ({children_sql}) "  # noqa: S608 - identifiers quoted, values bound
-        f"UPDATE {d.jobs} AS j SET {_counted_down(_edges(d), in_parents)} "
-        "WHERE j.id IN (SELECT id FROM kids) AND j.status = 'waiting' "
+        f"WITH {drops}, kids AS MATERIALIZED (SELECT c.id FROM {d.jobs} AS c "  # noqa: S608 - identifiers quoted, values bound
+        "WHERE c.status = 'waiting' AND c.id IN (SELECT child_id FROM drops) "
+        "ORDER BY c.id FOR UPDATE) "
+        f"UPDATE {d.jobs} AS j SET "
+        "status = CASE WHEN j.waiting_on - d.n <= 0 THEN 'pending' ELSE 'waiting' END, "
+        "waiting_on = j.waiting_on - d.n FROM drops AS d "
+        "WHERE j.id = d.child_id AND j.id IN (SELECT id FROM kids) AND j.status = 'waiting' "
         "RETURNING j.id, j.queue, j.status",
-        [*children_params, *parent_params, *parent_params],
+        drops_params,
     )
     rows = sorted(cursor.fetchall())
     return [(int(job_id), str(queue)) for job_id, queue, status in rows if status == "pending"]
@@ -248,19 +304,20 @@ def _count_down_at_once(
 def _count_down(
     d: Dialect,
     cursor: Any,
-    edges: str,
     parents: tuple[str, list[Any]],
+    counters: list[int],
     children: list[int],
 ) -> list[tuple[int, str]]:
-    """``waiting_on`` of ``children`` minus their parents among ``parents`` (an ``IN``
-    clause and its parameters); a child at zero becomes ``pending``. Returns the
-    children released (id, queue)."""
+    """``waiting_on`` of ``children`` minus their direct edges from ``parents`` (an ``IN``
+    clause and its parameters) and their fan-in ``counters`` that reached zero; a child
+    at zero becomes ``pending``. Returns the children released (id, queue)."""
     in_parents, parent_params = parents
     in_children, child_params = d.in_ids(children)
+    set_list, counter_params = _counted_down(d, in_parents, counters)
     cursor.execute(
-        f"UPDATE {d.jobs} AS j SET {_counted_down(edges, in_parents)} "  # noqa: S608 - identifiers quoted, values bound
+        f"UPDATE {d.jobs} AS j SET {set_list} "  # noqa: S608 - identifiers quoted, values bound
         f"WHERE j.id {in_children} AND j.status = 'waiting'",
-        [*parent_params, *parent_params, *child_params],
+        [*parent_params, *counter_params, *parent_params, *counter_params, *child_params],
     )
     cursor.execute(
         f"SELECT id, queue FROM {d.jobs} "  # noqa: S608 - identifiers quoted, values bound

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import connections
 
 from ..models import Dependency, Job, JobStatus
+from . import fanin
 from .dialect import dialect, hot_cursor, placeholders
 from .values import NewJob
 
@@ -201,23 +202,58 @@ def copy_jobs(jobs: Sequence[NewJob], *, using: str = "default") -> tuple[list[i
 
 
 def insert_edges(edges: Sequence[tuple[int, int, int]], *, using: str = "default") -> None:
-    """Insert workflow edges, ``(parent, child, position)`` each: ``COPY`` on PostgreSQL
-    with psycopg 3, else multi-row INSERTs. Call inside the transaction that inserted the
-    steps."""
+    """Insert workflow edges, ``(parent, child, position)`` each, and the fan-in counters of
+    the children with more than ``FANIN_WIDTH`` parents (``fanin.py``: each counts a
+    contiguous run of positions; write those children's ``waiting_on`` with
+    ``fanin.waits_for``). Edges: ``COPY`` on PostgreSQL with psycopg 3, else multi-row
+    INSERTs; counters: one multi-row INSERT (``fanin.insert_counters``). Call inside the
+    transaction that inserted the steps."""
     if not edges:
         return
+    rows = _with_counters(edges, using)
     d = dialect(using)
     table = d.q(Dependency._meta.db_table)
-    columns = ", ".join(d.q(c) for c in ("parent_id", "child_id", "position"))
+    columns = ", ".join(d.q(c) for c in ("parent_id", "child_id", "position", "fanin_id"))
     if can_copy(using):
         sql = f"COPY {table} ({columns}) FROM STDIN"
         with connections[using].cursor() as cursor, cursor.cursor.copy(sql) as copy:
-            for edge in edges:
-                copy.write_row(edge)
+            for row in rows:
+                copy.write_row(row)
         return
     Dependency.objects.using(using).bulk_create(
-        [Dependency(parent_id=p, child_id=c, position=n) for p, c, n in edges], batch_size=2000
+        [Dependency(parent_id=p, child_id=c, position=n, fanin_id=f) for p, c, n, f in rows],
+        batch_size=2000,
     )
+
+
+def _with_counters(
+    edges: Sequence[tuple[int, int, int]], using: str
+) -> list[tuple[int, int, int, int | None]]:
+    """``edges`` with the id of their fan-in counter (None: none), the counters inserted."""
+    by_child: dict[int, list[tuple[int, int, int]]] = {}
+    for edge in edges:
+        by_child.setdefault(edge[1], []).append(edge)
+    plans: list[tuple[list[tuple[int, int, int]], list[int]]] = []
+    for child_edges in by_child.values():
+        child_edges.sort(key=lambda edge: edge[2])
+        plans.append((child_edges, fanin.runs(len(child_edges))))
+    ids = iter(
+        fanin.insert_counters(
+            [(child_edges[0][1], size) for child_edges, sizes in plans for size in sizes],
+            using=using,
+        )
+    )
+    rows: list[tuple[int, int, int, int | None]] = []
+    for child_edges, sizes in plans:
+        if not sizes:
+            rows.extend((*edge, None) for edge in child_edges)
+            continue
+        start = 0
+        for size in sizes:
+            counter = next(ids)
+            rows.extend((*edge, counter) for edge in child_edges[start : start + size])
+            start += size
+    return rows
 
 
 NOTIFY_CHANNEL = "leasejobs"

@@ -11,6 +11,7 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 
 from ..models import Dependency
+from . import fanin
 from .dialect import Dialect, dialect, id_chunks, placeholders, retry_deadlocks
 from .enqueue import NOTIFY_CHANNEL, notify
 from .values import ParentOutcome
@@ -111,28 +112,37 @@ def retry_failed_steps(workflow_id: int, *, using: str = "default") -> int:
         ) from None
 
 
+RETRIED = ("failed", "dead", "cancelled")
+"""The statuses of the steps :func:`retry_failed_steps` runs again."""
+
+
 def _retry_failed_steps(d: Dialect, workflow_id: int) -> int:
     edges = d.q(Dependency._meta.db_table)
     lock = " FOR UPDATE" if d.row_locks else ""
     with transaction.atomic(using=d.using), connections[d.using].cursor() as cursor:
+        # Their fan-in counters first, then their rows: the order every settle takes.
+        fanin.lock_of_steps(d, cursor, workflow_id, RETRIED)
         cursor.execute(
             f"SELECT id FROM {d.jobs} WHERE workflow_id = %s "  # noqa: S608 - identifiers quoted, values bound
-            f"AND status IN ('failed', 'dead', 'cancelled') ORDER BY id{lock}",
-            [workflow_id],
+            f"AND status IN ({placeholders(len(RETRIED))}) ORDER BY id{lock}",
+            [workflow_id, *RETRIED],
         )
         steps = [int(job_id) for (job_id,) in cursor.fetchall()]
         if not steps:
             return 0
-        waiting: dict[int, int] = {}
+        # A step waits for its direct parents that have not succeeded, and for its fan-in
+        # counters, each reset to its parents that have not succeeded.
+        waiting = fanin.recount(d, cursor, steps)
         for chunk in id_chunks(steps):
             cursor.execute(
                 f"SELECT e.child_id, COUNT(*) FROM {edges} AS e "  # noqa: S608 - identifiers quoted, values bound
                 f"JOIN {d.jobs} AS p ON p.id = e.parent_id "
                 f"WHERE e.child_id IN ({placeholders(len(chunk))}) AND p.status <> 'succeeded' "
-                "GROUP BY e.child_id",
+                "AND e.fanin_id IS NULL GROUP BY e.child_id",
                 chunk,
             )
-            waiting.update((int(child), int(count)) for child, count in cursor.fetchall())
+            for child, count in cursor.fetchall():
+                waiting[int(child)] = waiting.get(int(child), 0) + int(count)
         by_count: dict[int, list[int]] = {}
         for job_id in steps:
             by_count.setdefault(waiting.get(job_id, 0), []).append(job_id)
@@ -145,8 +155,8 @@ def _retry_failed_steps(d: Dialect, workflow_id: int) -> int:
                     "max_attempts = CASE WHEN j.max_attempts <= j.attempt THEN j.attempt + 1 "
                     "ELSE j.max_attempts END "
                     f"WHERE j.id IN ({placeholders(len(chunk))}) "
-                    "AND j.status IN ('failed', 'dead', 'cancelled')",
-                    ["waiting" if count else "pending", count or None, *chunk],
+                    f"AND j.status IN ({placeholders(len(RETRIED))})",
+                    ["waiting" if count else "pending", count or None, *chunk, *RETRIED],
                 )
         cursor.execute(
             f"SELECT DISTINCT queue FROM {d.jobs} WHERE workflow_id = %s AND status = 'pending'",  # noqa: S608 - identifiers quoted, values bound
