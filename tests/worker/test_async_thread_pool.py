@@ -61,7 +61,9 @@ def test_a_lease_lost_async_job_gets_cancelled_error(workers, marker_dir: str) -
 
 def test_shutdown_cancels_async_jobs_and_releases_them(workers, marker_dir: str) -> None:
     ids = [int(tasks_async.until_cancelled.enqueue(marker_dir, "held").id) for _ in range(2)]
-    worker = workers.start(args=["--pool", "thread", "--concurrency", "2", "--shutdown-timeout", "1"])
+    worker = workers.start(
+        args=["--pool", "thread", "--concurrency", "2", "--shutdown-timeout", "1"]
+    )
     wait_until(lambda: len(lines(marker_dir, "held.starts")) == 2, 30, what="two starts")
     worker.terminate()
     assert worker.wait(timeout=60) == 0, worker.output

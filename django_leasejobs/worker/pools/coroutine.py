@@ -39,7 +39,9 @@ class SlotCoroutine:
         outcome: Outcome = async_to_sync(self._attempt)(spec, progress, flag)
         return outcome
 
-    async def _attempt(self, spec: JobSpec, progress: ProgressSink, flag: threading.Event) -> Outcome:
+    async def _attempt(
+        self, spec: JobSpec, progress: ProgressSink, flag: threading.Event
+    ) -> Outcome:
         task = asyncio.current_task()
         with self._lock:
             self._loop, self._task = asyncio.get_running_loop(), task
