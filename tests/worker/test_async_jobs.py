@@ -208,6 +208,40 @@ def test_a_coroutine_that_blocks_the_loop_gets_its_slot_killed(workers, marker_d
     assert_collateral(worker, blocker, neighbours, "blocked the slot's event loop")
 
 
+def test_a_coroutine_that_spins_on_the_loop_gets_its_slot_killed(workers, marker_dir: str) -> None:
+    """A pure-Python CPU loop, not a sleep: the monitor names it, its neighbours run again."""
+    neighbours = [int(tasks_async.nap.enqueue(marker_dir, "nap", 2.0).id) for _ in range(3)]
+    spinner = int(tasks_async.spins_the_loop.enqueue(marker_dir, "spinner", 60.0).id)
+    worker = workers.start(
+        options={"ASYNC_BLOCKING_LIMIT": 1.0},
+        args=["--concurrency", "1", "--burst", *JSON_LOGS],
+        env=JSON_ENV,
+    )
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    [row] = attempts(spinner)
+    assert row.outcome == AttemptOutcome.KILLED
+    assert "blocked the slot's event loop" in row.error_message, row.error_message
+    assert statuses(neighbours) == {JobStatus.SUCCEEDED: 3}
+    assert_collateral(worker, spinner, neighbours, "blocked the slot's event loop")
+
+
+def test_a_native_call_holding_the_gil_gets_its_slot_killed(workers, marker_dir: str) -> None:
+    """One C call that never lets go of the GIL starves the slot's monitor thread; the
+    worker sees the loop's thread busy without a tick, and kills the slot within about
+    ASYNC_BLOCKING_LIMIT (the call would take far longer)."""
+    holder = int(tasks_async.holds_the_gil.enqueue(marker_dir, "holder", 2 * 10**9).id)
+    worker = workers.start(
+        options={"ASYNC_BLOCKING_LIMIT": 1.0}, args=["--concurrency", "1", "--burst"]
+    )
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    job = Job.objects.get(pk=holder)
+    assert job.status == JobStatus.FAILED, job.last_error
+    [row] = attempts(holder)
+    assert row.outcome == AttemptOutcome.KILLED, row.error_message
+    assert f"job {holder} (attempt 1) blocked the slot's event loop" in row.error_message
+    assert (row.finished_at - row.started_at).total_seconds() < 5.0, row.error_message
+
+
 @pytest.mark.parametrize("pool", ["process", "thread"])
 def test_hostile_async_outcomes_stay_with_their_job(workers, marker_dir: str, pool: str) -> None:
     bad = {
