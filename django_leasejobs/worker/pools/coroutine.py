@@ -9,6 +9,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 
+from ...serialization import depth_limits
 from ..execution import JobSpec, Outcome, ProgressSink, execute_async
 
 
@@ -36,6 +37,7 @@ class SlotCoroutine:
             self._loop.call_soon_threadsafe(self._task.cancel)
 
     def run(self, spec: JobSpec, progress: ProgressSink, flag: threading.Event) -> Outcome:
+        depth_limits(spec.database)  # (looked up here: no query on the loop, for its result)
         outcome: Outcome = async_to_sync(self._attempt)(spec, progress, flag)
         return outcome
 
