@@ -72,3 +72,27 @@ def test_shutdown_cancels_async_jobs_and_releases_them(workers, marker_dir: str)
     assert set(JobAttempt.objects.filter(job_id__in=ids).values_list("outcome", flat=True)) == {
         AttemptOutcome.RELEASED
     }
+
+
+def test_a_coroutine_that_ignores_its_cancel_keeps_its_slot(workers, marker_dir: str) -> None:
+    """A thread cannot be killed: a coroutine that swallows its CancelledError runs on,
+    fenced, and its slot takes no other job; at shutdown the worker waits
+    LOCK_LOST_GRACE for it, then leaves without it."""
+    from django_leasejobs.leases import cancel
+
+    stubborn = int(tasks_async.ignores_cancel.enqueue(marker_dir, "stubborn").id)
+    after = int(tasks_async.nap.enqueue(marker_dir, "nap", 0.1).id)
+    worker = workers.start(args=THREADS)
+    wait_until(lambda: lines(marker_dir, "stubborn.starts"), 30, what="its start")
+    cancel(stubborn)
+    wait_until(lambda: lines(marker_dir, "stubborn.cancelled"), 30, what="its CancelledError")
+    wait_until(
+        lambda: Job.objects.get(pk=stubborn).status == JobStatus.CANCELLED, 30, what="cancelled"
+    )
+    [row] = attempts(stubborn)
+    assert row.outcome == AttemptOutcome.CANCELLED
+    worker.terminate()
+    assert worker.wait(timeout=60) == 0, worker.output
+    assert lines(marker_dir, "stubborn.cancelled") == [[str(stubborn), "1"]]  # sent once
+    assert lines(marker_dir, "nap.starts") == []  # its slot stayed busy
+    assert Job.objects.get(pk=after).status == JobStatus.PENDING

@@ -1,13 +1,16 @@
-"""An ``async def`` job in a thread-pool slot: its coroutine runs on an event loop, and
-the pool can deliver ``CancelledError`` into it from the main loop's thread."""
+"""An ``async def`` job in a thread-pool slot: its coroutine runs on an event loop the
+slot's thread owns, and the pool can deliver ``CancelledError`` into it from the main
+loop's thread."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import Any
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from django.db import connections
 
 from ...serialization import depth_limits
 from ..execution import JobSpec, Outcome, ProgressSink, execute_async
@@ -16,9 +19,10 @@ from ..execution import JobSpec, Outcome, ProgressSink, execute_async
 class SlotCoroutine:
     """The asyncio task of the ``async def`` job one thread-pool slot runs.
 
-    ``run`` runs the attempt to its end in the slot's thread: ``async_to_sync`` runs the
-    coroutine on an event loop of its own while the slot's thread runs what the job hands
-    to ``sync_to_async`` (on the slot's database connection, as a sync job's queries).
+    ``run`` runs the attempt to its end on an event loop of the slot's thread (a daemon
+    thread: a coroutine that never ends does not keep the worker from leaving). What the
+    job hands to ``sync_to_async`` runs in a thread of the attempt's own
+    (``ThreadSensitiveContext``), whose database connection is closed as it ends.
     ``cancel`` (from the pool, with its lock held) delivers ``CancelledError`` into the
     coroutine, at once or as it begins. Every field is guarded by the pool's lock.
     """
@@ -38,8 +42,8 @@ class SlotCoroutine:
 
     def run(self, spec: JobSpec, progress: ProgressSink, flag: threading.Event) -> Outcome:
         depth_limits(spec.database)  # (looked up here: no query on the loop, for its result)
-        outcome: Outcome = async_to_sync(self._attempt)(spec, progress, flag)
-        return outcome
+        with asyncio.Runner() as runner:
+            return runner.run(self._attempt(spec, progress, flag))
 
     async def _attempt(
         self, spec: JobSpec, progress: ProgressSink, flag: threading.Event
@@ -49,8 +53,13 @@ class SlotCoroutine:
             self._loop, self._task = asyncio.get_running_loop(), task
             if self.cancelled and task is not None:
                 task.cancel()  # stopped before it began: at its first await
-        try:
-            return await execute_async(spec, progress_sink=progress, lost_flag=flag)
-        finally:
-            with self._lock:
-                self._loop = self._task = None
+        async with ThreadSensitiveContext():
+            try:
+                return await execute_async(spec, progress_sink=progress, lost_flag=flag)
+            finally:
+                with self._lock:
+                    self._loop = self._task = None  # no cancel comes after this
+                # (A cancel sent just before lands here: the connection is closed all
+                # the same, in its thread.)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(sync_to_async(connections.close_all)())
