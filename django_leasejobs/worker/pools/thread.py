@@ -111,7 +111,7 @@ class ThreadPool:
                     outcome = coroutine.run(spec, progress, flag)
                 else:
                     outcome = execute(spec, progress_sink=progress, lost_flag=flag)
-            except BaseException as exc:  # execute() never raises; if it did, not the slot
+            except BaseException as exc:  # neither path raises; if one did, not the slot
                 outcome = Outcome(spec.job.lease, ok=False, error=error_info(exc))
             finally:
                 with contextlib.suppress(Exception):
