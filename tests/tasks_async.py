@@ -71,6 +71,24 @@ async def blocks_the_loop(context: Any, marker_dir: str, name: str, seconds: flo
     time.sleep(seconds)  # the fault under test
 
 
+@task(takes_context=True, max_attempts=1)
+async def spins_the_loop(context: Any, marker_dir: str, name: str, seconds: float) -> None:
+    """A pure-Python CPU loop in a coroutine: holds the slot's event loop ``seconds``,
+    letting other threads take the GIL (the monitor sees it)."""
+    _mark(marker_dir, f"{name}.starts", f"{context.job_id} {context.attempt} {os.getpid()}")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # the fault under test
+        pass
+
+
+@task(takes_context=True, max_attempts=1)
+async def holds_the_gil(context: Any, marker_dir: str, name: str, count: int) -> int:
+    """One native call that holds the GIL throughout (``sum`` over a ``range``, in C):
+    the slot's monitor thread cannot run while it lasts."""
+    _mark(marker_dir, f"{name}.starts", f"{context.job_id} {context.attempt} {os.getpid()}")
+    return sum(range(count))  # the fault under test
+
+
 @task(max_attempts=1)
 async def returns(kind: str) -> Any:
     """A hostile outcome of an async job (see tests/tasks_worker_poison.py for sync)."""

@@ -60,9 +60,19 @@ RING_BEFORE_BYTES = 16 * 1024
 """A message this large rings the bell once its length is written, before the rest: the
 pipe may fill up, and the parent must come and read it."""
 
-STARTED, LIMIT, START_NS, SEEN, LOOP_NS, BLOCKED_NS, BLAMED_JOB, BLAMED_ATTEMPT = range(8)
+(
+    STARTED,
+    LIMIT,
+    START_NS,
+    SEEN,
+    LOOP_NS,
+    BLOCKED_NS,
+    BLAMED_JOB,
+    BLAMED_ATTEMPT,
+    LOOP_THREAD,
+) = range(9)
 """Indexes into :attr:`SlotState.values`."""
-SLOT_VALUES = 8
+SLOT_VALUES = 9
 
 MSG_CANCEL = "cancel"
 """Parent -> child: ``(MSG_CANCEL, lease)``, deliver ``CancelledError`` to that job's
@@ -73,7 +83,9 @@ LOOP_TICK = 0.05
 monitor looks: a loop that did not mark since the monitor's last look is held, for as
 long as the monitor saw (``values[BLOCKED_NS]``), by the job it names
 (``values[BLAMED_JOB]``, ``BLAMED_ATTEMPT``); the parent kills the slot once that passes
-``ASYNC_BLOCKING_LIMIT``."""
+``ASYNC_BLOCKING_LIMIT``. The loop's thread's id (``values[LOOP_THREAD]``, the kernel's)
+lets the parent see that thread busy while the loop does not tick: a native call that
+holds the GIL starves the monitor (``pools/busy.py``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +101,8 @@ class SlotState:
     for new jobs only once the child has passed every job taken back: a job taken back
     never starts). Both sides write them only while holding ``lock``. The event loop's
     mark (``values[LOOP_NS]``), how long it has been held (``values[BLOCKED_NS]``) and
-    by which job (``values[BLAMED_JOB]``, ``values[BLAMED_ATTEMPT]``; 0: none) are
-    written by the child alone, without it.
+    by which job (``values[BLAMED_JOB]``, ``values[BLAMED_ATTEMPT]``; 0: none), and the
+    loop's thread (``values[LOOP_THREAD]``) are written by the child alone, without it.
     """
 
     lock: Any  # multiprocessing.synchronize.Lock (fork context)
@@ -168,6 +180,7 @@ class SlotLoop:
         self.loop.call_soon_threadsafe(self._cancel, lease)
 
     def _run(self) -> None:
+        self.state.values[LOOP_THREAD] = threading.get_native_id()
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(self._tick)
         self.loop.run_forever()

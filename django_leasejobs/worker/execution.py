@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from inspect import iscoroutinefunction
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -299,12 +300,29 @@ def execute(
     return traced(spec.job, spec.backend, lambda: _attempt(spec, progress_sink, lost_flag))
 
 
-async def execute_async(spec: JobSpec, *, progress_sink: ProgressSink | None = None) -> Outcome:
-    """:func:`execute` on the running event loop, for a slot that runs many ``async def``
-    jobs at once (``Task.acall``). The ``CancelledError`` that the slot delivers to stop the
-    job (its lease lost, its timeout, a cancel, a shutdown) ends it like any exception,
-    with ``Outcome.cancelled`` set. Never raises."""
-    return await atraced(spec.job, spec.backend, lambda: _attempt_async(spec, progress_sink))
+async def execute_async(
+    spec: JobSpec,
+    *,
+    progress_sink: ProgressSink | None = None,
+    lost_flag: threading.Event | None = None,
+) -> Outcome:
+    """:func:`execute` on the running event loop (``Task.acall``): for a process-pool slot
+    that runs many ``async def`` jobs at once, or a thread-pool slot that runs one. The
+    ``CancelledError`` that the slot delivers to stop the job (its lease lost, its timeout,
+    a cancel, a shutdown) ends it like any exception, with ``Outcome.cancelled`` set.
+    Never raises."""
+    return await atraced(
+        spec.job, spec.backend, lambda: _attempt_async(spec, progress_sink, lost_flag)
+    )
+
+
+def runs_on_a_loop(spec: JobSpec) -> bool:
+    """The job's task is an ``async def`` one (False when it does not resolve: then
+    :func:`execute` reports why)."""
+    try:
+        return iscoroutinefunction(resolve(spec.job.task_path).func)
+    except Exception:
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,9 +430,11 @@ def _attempt(
             call.context.save_changed_metadata()
 
 
-async def _attempt_async(spec: JobSpec, progress_sink: ProgressSink | None) -> Outcome:
+async def _attempt_async(
+    spec: JobSpec, progress_sink: ProgressSink | None, lost_flag: threading.Event | None
+) -> Outcome:
     started = time.monotonic()
-    call = _prepare(spec, progress_sink, None)
+    call = _prepare(spec, progress_sink, lost_flag)
     if isinstance(call, Outcome):
         return call
     try:

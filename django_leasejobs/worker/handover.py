@@ -274,11 +274,14 @@ class Handover:
         graceful = reason != "shutdown"
         # "retracted": its slot gives it back (a Retracted event) and dispatch routes it
         # from ``ready``; "killing": its slot's death (or, on an event loop, its outcome
-        # of the CancelledError) is the next event; "flagged": its thread runs on,
-        # fenced, and the slot's outcome of it is void.
+        # of the CancelledError) is the next event; "flagged" / "cancelled": its thread
+        # runs on, fenced (its coroutine sent CancelledError), and the slot's outcome of
+        # it is void.
         action = self.pool.stop_job(lease, graceful=graceful, lease_lost=reason == "lease_lost")
         if action == "flagged":
             self._stopped(running, "was stopped; its thread runs on, fenced")
+        elif action == "cancelled":
+            self._stopped(running, "was sent CancelledError; its thread runs on, fenced")
 
     def stop_all(self, reason: StopReason) -> None:
         for lease in [lease for lease, r in self.book.running.items() if r.stop_reason is None]:

@@ -111,7 +111,9 @@ class Worker:
                 async_blocking_limit=options.async_blocking_limit,
             )
         else:
-            self.pool = ThreadPool(config.concurrency, wake=self.inbox.wake)
+            self.pool = ThreadPool(
+                config.concurrency, wake=self.inbox.wake, stop_grace=options.lock_lost_grace
+            )
         self.reporter = Reporter(self.worker_id, backend)
         self.dispatcher = Dispatcher(
             concurrency=config.concurrency,

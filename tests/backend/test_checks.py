@@ -106,6 +106,14 @@ def test_silent_on_defaults() -> None:
     assert leasejobs_messages({}) == []
 
 
+def test_async_defaults() -> None:
+    """An event loop runs up to 100 async jobs at once, and a step may hold it 10 s
+    (docs/configuration.md)."""
+    config, problems = parse_options({}, environ={})
+    assert problems == []
+    assert (config.async_concurrency, config.async_blocking_limit) == (100, 10.0)
+
+
 def test_silent_on_every_option_set_to_a_valid_value() -> None:
     options = {
         "LEASE_DURATION": 60,

@@ -93,6 +93,20 @@ def most_at_once(spans: list[tuple[float, float]]) -> int:
     return most
 
 
+def test_async_concurrency_caps_a_slots_loop(workers, marker_dir: str) -> None:
+    """Twenty async jobs on one slot whose loop may run 5 at once: never more than 5 run
+    at once, and 5 do."""
+    ids = [int(tasks_async.nap.enqueue(marker_dir, "nap", 0.3).id) for _ in range(20)]
+    worker = workers.start(args=["--concurrency", "1", "--async-concurrency", "5", "--burst"])
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    assert set(Job.objects.filter(pk__in=ids).values_list("status", flat=True)) == {
+        JobStatus.SUCCEEDED
+    }
+    spans = intervals(marker_dir)
+    assert len(spans) == 20
+    assert most_at_once(spans) == 5
+
+
 def test_a_queue_limit_holds_for_async_jobs(workers, marker_dir: str) -> None:
     """Eight async jobs of a queue limited to 2 at once, on a loop with room for 100:
     never more than 2 run at once, and 2 do."""

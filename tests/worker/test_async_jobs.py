@@ -9,11 +9,13 @@ neighbours run again without an attempt counted against them.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,10 +23,15 @@ from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
 from tests import tasks_async
 from tests.tasks_worker import record
 from tests.waiting import wait_until
+from tests.worker_harness import WorkerProcess
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 BURST_BOUND = 120  # seconds: a wedged worker never exits; a healthy one takes a few
+JSON_LOGS = ["--log-format", "json"]
+JSON_ENV = {"DJANGO_SETTINGS_MODULE": "tests.settings_fresh"}
+"""With ``JSON_LOGS``: settings without ``LOGGING``, so the worker's own handler writes the
+records as JSON (tests/observability/test_worker_logging.py)."""
 
 
 def lines(marker_dir: str, name: str) -> list[list[str]]:
@@ -38,6 +45,29 @@ def statuses(ids: list[int]) -> Counter[str]:
 
 def attempts(job_id: int) -> list[JobAttempt]:
     return list(JobAttempt.objects.filter(job_id=job_id).order_by("attempt"))
+
+
+def json_lines(worker: WorkerProcess) -> list[dict[str, Any]]:
+    """The worker's log records (``--log-format json``)."""
+    return [json.loads(line) for line in worker.lines if line.startswith("{")]
+
+
+def assert_collateral(worker: WorkerProcess, culprit: int, neighbours: list[int], why: str) -> None:
+    """Each neighbour was released as collateral of ``culprit``: one attempt row saying
+    ``why``, its attempt given back (``max_attempts`` 3 + 1), no stall counted, and one
+    WARNING record naming the culprit (``reporter.collateral``'s extra keys, as the
+    worker's ``--log-format json`` writes them)."""
+    for job_id in neighbours:
+        first = attempts(job_id)[0]
+        assert first.outcome == AttemptOutcome.COLLATERAL, first.error_message
+        assert f"job {culprit} (attempt 1) {why}" in first.error_message, first.error_message
+    rows = Job.objects.filter(pk__in=neighbours)
+    assert {(job.max_attempts, job.stall_count) for job in rows} == {(4, 0)}
+    records = [line for line in json_lines(worker) if line.get("culprit_job_id") == culprit]
+    assert sorted(entry["job_id"] for entry in records) == sorted(neighbours), worker.output
+    for entry in records:
+        assert (entry["level"], entry["attempt"]) == ("WARNING", 1), entry
+        assert f"job {culprit} (attempt 1) {why}" in entry["reason"], entry
 
 
 def test_a_hundred_async_jobs_run_at_once_in_one_slot(workers, marker_dir: str) -> None:
@@ -106,18 +136,27 @@ def test_a_lease_lost_async_job_kills_its_slot_with_sigkill(workers, marker_dir:
     """Under the default behaviour a lost lease stops its job at once: the whole child is
     killed, and its neighbours run again without an attempt counted."""
     lost = int(tasks_async.loses_its_lease.enqueue(marker_dir, "lost").id)
-    neighbours = [int(tasks_async.nap.enqueue(marker_dir, "nap", 30.0).id) for _ in range(3)]
-    workers.start(args=["--concurrency", "1"])
+    neighbours = [int(tasks_async.nap.enqueue(marker_dir, "nap", 2.0).id) for _ in range(3)]
+    worker = workers.start(args=["--concurrency", "1", *JSON_LOGS], env=JSON_ENV)
+    wait_until(lambda: statuses(neighbours) == {JobStatus.SUCCEEDED: 3}, 40, what="neighbours")
+    # Each ran twice: killed with the slot at attempt 1, then to its end at attempt 2.
+    assert Counter(attempt for _, attempt, *_ in lines(marker_dir, "nap.starts")) == {
+        "1": 3,
+        "2": 3,
+    }
+    assert all(len(attempts(job_id)) == 1 for job_id in neighbours)
+    assert_collateral(worker, lost, neighbours, "lost its lease")
+    # The lost job was killed, not cancelled; the reaper takes it back from the thief
+    # once its lease runs out (this worker writes nothing for a lease it lost).
     wait_until(
-        lambda: JobAttempt.objects.filter(outcome=AttemptOutcome.COLLATERAL).count() == 3,
-        40,
-        what="three collateral attempt rows",
+        lambda: attempts(lost) and attempts(lost)[0].outcome == AttemptOutcome.LEASE_EXPIRED,
+        30,
+        what=lambda: f"its lease-expired attempt row, got {attempts(lost)}",
     )
-    assert lines(marker_dir, "lost.cancelled") == []  # killed, not cancelled
-    rows = JobAttempt.objects.filter(job_id__in=neighbours)
-    assert {row.outcome for row in rows} == {AttemptOutcome.COLLATERAL}
-    assert all(f"job {lost} (attempt 1) lost its lease" in row.error_message for row in rows)
-    assert {job.max_attempts for job in Job.objects.filter(pk__in=neighbours)} == {4}
+    assert lines(marker_dir, "lost.cancelled") == []
+    assert [(row.attempt, row.outcome) for row in attempts(lost)][:1] == [
+        (1, AttemptOutcome.LEASE_EXPIRED)
+    ]
 
 
 def test_a_coroutine_that_ignores_its_cancel_gets_its_slot_killed(workers, marker_dir: str) -> None:
@@ -125,7 +164,11 @@ def test_a_coroutine_that_ignores_its_cancel_gets_its_slot_killed(workers, marke
 
     stubborn = int(tasks_async.ignores_cancel.enqueue(marker_dir, "stubborn").id)
     neighbours = [int(tasks_async.nap.enqueue(marker_dir, "nap", 4.0).id) for _ in range(4)]
-    worker = workers.start(options={"LOCK_LOST_GRACE": 1.0}, args=["--concurrency", "1", "--burst"])
+    worker = workers.start(
+        options={"LOCK_LOST_GRACE": 1.0},
+        args=["--concurrency", "1", "--burst", *JSON_LOGS],
+        env=JSON_ENV,
+    )
     wait_until(lambda: len(lines(marker_dir, "nap.starts")) == 4, 30, what="neighbours start")
     wait_until(lambda: lines(marker_dir, "stubborn.starts"), 30, what="its start")
     cancel(stubborn)
@@ -138,11 +181,8 @@ def test_a_coroutine_that_ignores_its_cancel_gets_its_slot_killed(workers, marke
     # The neighbours died with the slot, were released without an attempt counted, and
     # ran again: SUCCEEDED at attempt 2 of max_attempts + 1.
     assert statuses(neighbours) == {JobStatus.SUCCEEDED: 4}
-    for job_id in neighbours:
-        [first] = attempts(job_id)
-        assert first.outcome == AttemptOutcome.COLLATERAL, first.error_message
-        assert f"job {stubborn} (attempt 1) did not end within 1s" in first.error_message
-    assert {j.max_attempts for j in Job.objects.filter(pk__in=neighbours)} == {4}
+    assert all(len(attempts(job_id)) == 1 for job_id in neighbours)
+    assert_collateral(worker, stubborn, neighbours, "did not end within 1s")
     assert Counter(attempt for _, attempt, *_ in lines(marker_dir, "nap.starts")) == {
         "1": 4,
         "2": 4,
@@ -153,7 +193,9 @@ def test_a_coroutine_that_blocks_the_loop_gets_its_slot_killed(workers, marker_d
     neighbours = [int(tasks_async.nap.enqueue(marker_dir, "nap", 2.0).id) for _ in range(4)]
     blocker = int(tasks_async.blocks_the_loop.enqueue(marker_dir, "blocker", 60.0).id)
     worker = workers.start(
-        options={"ASYNC_BLOCKING_LIMIT": 1.0}, args=["--concurrency", "1", "--burst"]
+        options={"ASYNC_BLOCKING_LIMIT": 1.0},
+        args=["--concurrency", "1", "--burst", *JSON_LOGS],
+        env=JSON_ENV,
     )
     assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
     job = Job.objects.get(pk=blocker)
@@ -162,10 +204,42 @@ def test_a_coroutine_that_blocks_the_loop_gets_its_slot_killed(workers, marker_d
     assert row.outcome == AttemptOutcome.KILLED
     assert "blocked the slot's event loop" in row.error_message, row.error_message
     assert statuses(neighbours) == {JobStatus.SUCCEEDED: 4}
-    for job_id in neighbours:
-        [first] = attempts(job_id)
-        assert first.outcome == AttemptOutcome.COLLATERAL, first.error_message
-        assert f"job {blocker} (attempt 1) blocked the slot's event loop" in first.error_message
+    assert all(len(attempts(job_id)) == 1 for job_id in neighbours)
+    assert_collateral(worker, blocker, neighbours, "blocked the slot's event loop")
+
+
+def test_a_coroutine_that_spins_on_the_loop_gets_its_slot_killed(workers, marker_dir: str) -> None:
+    """A pure-Python CPU loop, not a sleep: the monitor names it, its neighbours run again."""
+    neighbours = [int(tasks_async.nap.enqueue(marker_dir, "nap", 2.0).id) for _ in range(3)]
+    spinner = int(tasks_async.spins_the_loop.enqueue(marker_dir, "spinner", 60.0).id)
+    worker = workers.start(
+        options={"ASYNC_BLOCKING_LIMIT": 1.0},
+        args=["--concurrency", "1", "--burst", *JSON_LOGS],
+        env=JSON_ENV,
+    )
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    [row] = attempts(spinner)
+    assert row.outcome == AttemptOutcome.KILLED
+    assert "blocked the slot's event loop" in row.error_message, row.error_message
+    assert statuses(neighbours) == {JobStatus.SUCCEEDED: 3}
+    assert_collateral(worker, spinner, neighbours, "blocked the slot's event loop")
+
+
+def test_a_native_call_holding_the_gil_gets_its_slot_killed(workers, marker_dir: str) -> None:
+    """One C call that never lets go of the GIL starves the slot's monitor thread; the
+    worker sees the loop's thread busy without a tick, and kills the slot within about
+    ASYNC_BLOCKING_LIMIT (the call would take far longer)."""
+    holder = int(tasks_async.holds_the_gil.enqueue(marker_dir, "holder", 2 * 10**9).id)
+    worker = workers.start(
+        options={"ASYNC_BLOCKING_LIMIT": 1.0}, args=["--concurrency", "1", "--burst"]
+    )
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    job = Job.objects.get(pk=holder)
+    assert job.status == JobStatus.FAILED, job.last_error
+    [row] = attempts(holder)
+    assert row.outcome == AttemptOutcome.KILLED, row.error_message
+    assert f"job {holder} (attempt 1) blocked the slot's event loop" in row.error_message
+    assert (row.finished_at - row.started_at).total_seconds() < 5.0, row.error_message
 
 
 @pytest.mark.parametrize("pool", ["process", "thread"])

@@ -65,10 +65,12 @@ class Room:
 
 Event = Outcome | ProgressEvent | SlotDied | Retracted | Started
 
-StopAction = Literal["killing", "flagged", "retracted", "none"]
-"""What ``stop_job`` did: signalled the job's process (its slot's death follows),
-flagged its thread (it runs on, fenced), took it back before it started
-(``Retracted`` follows), or nothing (it ended already, or is not in the pool)."""
+StopAction = Literal["killing", "flagged", "cancelled", "retracted", "none"]
+"""What ``stop_job`` did: signalled the job's process, or cancelled its coroutine on a
+slot's event loop (its slot's death, or its outcome, follows); flagged its thread (it
+runs on, fenced); flagged its thread and sent its coroutine ``CancelledError`` (thread
+pool: the thread runs on, fenced, until the coroutine ends); took it back before it
+started (``Retracted`` follows), or nothing (it ended already, or is not in the pool)."""
 
 
 def describe_exit(exitcode: int | None) -> str:

@@ -371,6 +371,8 @@ class ProcessPool:
                     events.append(SlotDied(lease, exit_description, (culprit, why)))
                 elif slot.culprit is not None:
                     events.append(SlotDied(lease, f"{exit_description}: {slot.culprit[1]}"))
+                elif slot.fault is not None:
+                    events.append(SlotDied(lease, f"{exit_description}: {slot.fault}"))
                 else:
                     events.append(SlotDied(lease, exit_description))
             slot.queue.clear()
@@ -508,17 +510,23 @@ class ProcessPool:
                 self._signal_group(slot, signal.SIGKILL)
                 return 0.0
         values = slot.state.values
-        blocked = int(values[BLOCKED_NS]) / 1e9
+        # The child's monitor counts a loop held in any way, if it gets the GIL to look;
+        # the worker's look (busy.py) catches a busy loop that starves the monitor.
+        blocked = max(
+            int(values[BLOCKED_NS]) / 1e9, slot.loop_watch.held_busy(slot.pid, values, now)
+        )
         if blocked <= self.async_blocking_limit:
             nearest = min(slot.cancels.values(), default=math.inf) - now
             return max(0.0, min(LOOP_LOOK, self.async_blocking_limit - blocked, nearest))
         job, attempt = int(values[BLAMED_JOB]), int(values[BLAMED_ATTEMPT])
+        if not job and len(slot.queue) == 1:  # the monitor could not look: the only job
+            job, attempt = slot.queue[0][1]
+        how = f"blocked the slot's event loop for {blocked:.1f}s"
+        limit = f"ASYNC_BLOCKING_LIMIT {self.async_blocking_limit:g}s"
         if job:
-            slot.culprit = (
-                (job, attempt),
-                f"job {job} (attempt {attempt}) blocked the slot's event loop for "
-                f"{blocked:.1f}s (ASYNC_BLOCKING_LIMIT {self.async_blocking_limit:g}s)",
-            )
+            slot.culprit = ((job, attempt), f"job {job} (attempt {attempt}) {how} ({limit})")
+        else:
+            slot.fault = f"a job {how} ({limit}); which one is unknown (the monitor could not look)"
         self._signal_group(slot, signal.SIGKILL)
         return 0.0
 

@@ -11,6 +11,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from ..child import SlotState
+from .busy import LoopWatch
 from .events import Event, Lease
 from .frames import Frames
 
@@ -46,6 +47,11 @@ class ProcessSlot:
     culprit: tuple[Lease, str] | None = None
     """The job whose fault the slot's kill was, and why: the other jobs its event loop
     ran die as collateral (released without counting an attempt)."""
+    fault: str | None = None
+    """Why the slot was killed when no job could be named (every job its event loop ran
+    dies *killed*, counted, as in a crash)."""
+    loop_watch: LoopWatch = field(default_factory=LoopWatch)
+    """The worker's own look at its event loop (``busy.py``)."""
     term_sent_at: float | None = None
     killed: bool = False
     events: list[Event] = field(default_factory=list)

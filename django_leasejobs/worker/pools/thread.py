@@ -1,7 +1,9 @@
 """The thread pool: jobs run in threads of the worker (``--pool thread``).
 
 A thread cannot be killed: a stopped job is only flagged (``context.lease_lost``), its
-slot stays busy until it returns, and the fence rejects its writes.
+slot stays busy until it returns, and the fence rejects its writes. An ``async def``
+job's coroutine is sent ``CancelledError`` too (``coroutine.py``); one that swallows it
+runs on under the same rule.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Literal
 from django.db import connections
 
 from ..child import RING_AFTER
-from ..execution import JobSpec, Outcome, error_info, execute
+from ..execution import JobSpec, Outcome, error_info, execute, runs_on_a_loop
+from .coroutine import SlotCoroutine
 from .events import Event, Lease, ProgressEvent, Retracted, Room, Started, StopAction
 
 
@@ -35,6 +38,8 @@ class _ThreadSlot:
     until that job returns."""
     announced: Lease | None = None
     """The job handed to it while it was idle (the worker announces that one's start)."""
+    coroutine: SlotCoroutine | None = None
+    """Its running job's coroutine (an ``async def`` job), for a stop to cancel."""
 
 
 class ThreadPool:
@@ -42,9 +47,12 @@ class ThreadPool:
 
     kind: Literal["thread"] = "thread"
 
-    def __init__(self, size: int, *, wake: Callable[[], None]) -> None:
+    def __init__(self, size: int, *, wake: Callable[[], None], stop_grace: float = 0.0) -> None:
         self.size = size
         self._wake = wake
+        self.stop_grace = stop_grace
+        """At shutdown, how long the coroutines sent ``CancelledError`` get to end
+        (``LOCK_LOST_GRACE``) before the worker leaves without them."""
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._slots = [_ThreadSlot(i) for i in range(size)]
@@ -93,15 +101,23 @@ class ThreadPool:
 
         while (taken := self._next(slot)) is not None:
             spec, flag = taken
+            coroutine = SlotCoroutine(self._lock) if runs_on_a_loop(spec) else None
+            with self._lock:
+                slot.coroutine = coroutine
+                if coroutine is not None and flag.is_set():
+                    coroutine.cancelled = True  # stopped as it started: cancelled as it begins
             try:
-                outcome = execute(spec, progress_sink=progress, lost_flag=flag)
-            except BaseException as exc:  # execute() never raises; if it did, not the slot
+                if coroutine is not None:
+                    outcome = coroutine.run(spec, progress, flag)
+                else:
+                    outcome = execute(spec, progress_sink=progress, lost_flag=flag)
+            except BaseException as exc:  # neither path raises; if one did, not the slot
                 outcome = Outcome(spec.job.lease, ok=False, error=error_info(exc))
             finally:
                 with contextlib.suppress(Exception):
                     connections.close_all()
             with self._lock:
-                slot.current = None
+                slot.current = slot.coroutine = None
                 slot.abandoned = slot.stalled = False
                 self._flags.pop(outcome.lease, None)
                 if outcome.lease in self._abandoned:
@@ -115,9 +131,20 @@ class ThreadPool:
                 self._wake()
 
     def shutdown(self) -> None:
+        """Let the threads leave; wait up to ``stop_grace`` for those whose coroutine was
+        sent ``CancelledError`` (its ``finally`` runs). A job that does not stop is left
+        running: the worker's exit ends it."""
         with self._work:
             self._closing = True
             self._work.notify_all()
+            ending = [
+                thread
+                for slot, thread in zip(self._slots, self._threads, strict=True)
+                if slot.coroutine is not None and slot.coroutine.cancelled
+            ]
+        deadline = time.monotonic() + self.stop_grace
+        for thread in ending:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def free_slots(self) -> int:
         with self._lock:
@@ -184,8 +211,9 @@ class ThreadPool:
                     slot.stalled = True
 
     def stop_job(self, lease: Lease, *, graceful: bool, lease_lost: bool = False) -> StopAction:
-        """Flag the running job (``context.lease_lost``); the thread runs on, its outcome
-        is void. A job still queued is taken back (``Retracted``).
+        """Flag the running job (``context.lease_lost``), and send an ``async def`` one's
+        coroutine ``CancelledError``; the thread runs on, its outcome is void. A job still
+        queued is taken back (``Retracted``).
 
         The slot stays busy until the thread returns, so the pool never runs more
         jobs than it has threads; the jobs queued behind the flagged one are taken back.
@@ -199,6 +227,9 @@ class ThreadPool:
                     slot.abandoned = True
                     self._retract(slot, 0)
                     self._flags[lease].set()
+                    if slot.coroutine is not None:
+                        slot.coroutine.cancel()
+                        return "cancelled"
                     return "flagged"
                 for index, spec in enumerate(slot.queue):
                     if spec.job.lease == lease:
