@@ -6,9 +6,8 @@ expression, a C extension's loop) starves it, and the loop may be held for good 
 the monitor counting it. The worker, another process, looks too: the loop's last tick
 (``values[LOOP_NS]``) against the CPU time of the loop's thread (``/proc``, Linux). A
 loop that has not ticked while its thread kept running is held by a busy job; one whose
-thread did not run (the
-machine paused the slot, or the job waits in a blocking call, which the monitor counts)
-is not, by this measure.
+thread did not run (the machine paused the slot, or the job waits in a blocking call,
+which the monitor counts) is not, by this measure.
 """
 
 from __future__ import annotations
