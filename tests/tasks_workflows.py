@@ -41,6 +41,14 @@ def fail_once(context: Any, marker: str) -> str:
     return marker
 
 
+@task(max_attempts=1, takes_context=True)
+def fail_first(context: Any, marker: str) -> str:
+    """Fails for good on its first attempt; succeeds when an operator retries it."""
+    if context.attempt == 1:
+        raise ValueError("first attempt fails")
+    return marker
+
+
 @task(takes_context=True)
 def finaliser(context: Any) -> dict[str, Any]:
     return {

@@ -9,8 +9,9 @@ was counted is skipped, never overwritten. What each writes, and to which status
 the single job's rule (``operator.py``): a running job is never retried, moved or
 re-prioritised, and its cancel is the request its worker sees. The rows of a range are
 never read into Python, but for the few the rules need: the workflow steps a cancel
-ends (their dependants are settled in the same transaction) and the jobs with a dedup
-key a retry would make active.
+ends (their dependants are settled in the same transaction), the workflow steps a retry
+runs again (their waiting dependants get back the count their end took, as for a single
+retry) and the jobs with a dedup key a retry would make active.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import QuerySet
 
 from ..models import ACTIVE_STATUSES, Job
-from .dependants import settle_and_notify, steps_of
+from .dependants import give_back, settle_and_notify, steps_of
 from .dialect import ID_CHUNK, dialect, retry_deadlocks
 from .enqueue import NOTIFY_CHANNEL, notify
 from .operator import (
@@ -87,7 +88,14 @@ def retry_range(
             blocked = _keys_taken(batch)
             if blocked:
                 batch = batch.exclude(pk__in=blocked)
+            steps = batch.filter(workflow_id__isnull=False).order_by("pk")
+            if d.row_locks:  # in id order, before their counters and children
+                steps = steps.select_for_update()
+            step_ids = list(steps.values_list("pk", flat=True))
             retried = batch.update(**retried_columns())
+            if step_ids:
+                with connections[d.using].cursor() as cursor:
+                    give_back(d, cursor, step_ids)
             if retried:
                 notify(NOTIFY_CHANNEL, _pending_queues(jobs.db, ids), using=d.using)
             return RetriedRange(retried, len(blocked))

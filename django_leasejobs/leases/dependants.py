@@ -26,6 +26,10 @@ the count the first left, so exactly one of them empties the counter, and exactl
 makes the child pending. Nothing counts a whole group: each settle touches only the
 counters and children of the parents it ends, and a member of a wide chord takes the
 callback's row lock only when its counter reaches zero.
+
+A retry of a step that ended without succeeding (an operator's, a bulk one,
+``retry_failed_steps``) first gives back what its end counted down
+(:func:`give_back`, same lock order): its new end settles its waiting dependants once.
 """
 
 from __future__ import annotations
@@ -325,6 +329,62 @@ def _count_down(
         child_params,
     )
     return [(int(job_id), str(queue)) for job_id, queue in cursor.fetchall()]
+
+
+def give_back(d: Dialect, cursor: Any, parents: Sequence[int]) -> None:
+    """Give back to the waiting dependants of ``parents`` the count their end took:
+    call in the transaction that puts ``parents`` (workflow steps that had ended without
+    succeeding) back to run, so that their new end counts those dependants down once
+    more, not twice.
+
+    A parent that ended without succeeding counted down only its children with
+    ``on_parent_failure = 'run'`` (the others ended unrun): each of them still waiting
+    gets back its direct edges from ``parents`` in ``waiting_on``, and ``parents`` back in
+    its fan-in counters, plus one in ``waiting_on`` per counter that comes back above zero
+    (it had counted the child down when it reached zero). The counters are locked first
+    (id order), then the children's rows (id order): the order every settle takes.
+    Children that no longer wait (released, running or ended) are not touched: they keep
+    what their parents' first end gave them."""
+    if not parents:
+        return
+    in_parents, parent_params = d.in_ids(sorted(set(parents)))
+    cursor.execute(
+        f"SELECT e.child_id, e.fanin_id, COUNT(*) FROM {_edges(d)} AS e "  # noqa: S608 - identifiers quoted, values bound
+        f"JOIN {d.jobs} AS c ON c.id = e.child_id WHERE e.parent_id {in_parents} "
+        "AND c.status = 'waiting' AND c.on_parent_failure = 'run' "
+        "GROUP BY e.child_id, e.fanin_id",
+        parent_params,
+    )
+    direct: dict[int, int] = {}
+    hits: dict[int, int] = {}
+    for child, counter, n in cursor.fetchall():
+        if counter is None:
+            direct[int(child)] = direct.get(int(child), 0) + int(n)
+        else:
+            hits[int(counter)] = int(n)
+            direct.setdefault(int(child), 0)
+    reopened = fanin.give_back(d, cursor, hits)
+    lock = " FOR UPDATE" if d.row_locks else ""
+    by_count: dict[int, list[int]] = {}
+    for chunk in id_chunks(sorted(direct)):
+        in_chunk, chunk_params = d.in_ids(chunk)
+        cursor.execute(
+            f"SELECT id FROM {d.jobs} WHERE id {in_chunk} AND status = 'waiting' "  # noqa: S608 - identifiers quoted, values bound
+            f"ORDER BY id{lock}",
+            chunk_params,
+        )
+        for (child,) in cursor.fetchall():
+            count = direct[int(child)] + reopened.get(int(child), 0)
+            if count:
+                by_count.setdefault(count, []).append(int(child))
+    for count, children in sorted(by_count.items()):
+        for chunk in id_chunks(children):
+            in_chunk, chunk_params = d.in_ids(chunk)
+            cursor.execute(
+                f"UPDATE {d.jobs} SET waiting_on = waiting_on + %s "  # noqa: S608 - identifiers quoted, values bound
+                f"WHERE id {in_chunk} AND status = 'waiting'",
+                [count, *chunk_params],
+            )
 
 
 def _edges(d: Dialect) -> str:

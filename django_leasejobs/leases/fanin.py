@@ -147,6 +147,35 @@ def drop(
     return emptied
 
 
+def give_back(d: Dialect, cursor: Any, hits: dict[int, int]) -> dict[int, int]:
+    """Add back to the counters ``hits`` (counter -> parents) the parents being run again
+    (``dependants.give_back``), locked in id order. Returns, per child, its counters
+    that come back above zero: each had counted the child down when it reached zero."""
+    lock = " FOR UPDATE" if d.row_locks else ""
+    reopened: dict[int, int] = {}
+    by_hits: dict[int, list[int]] = {}
+    for chunk in id_chunks(sorted(hits)):
+        in_chunk, chunk_params = d.in_ids(chunk)
+        cursor.execute(
+            f"SELECT id, child_id, remaining FROM {table(d)} "  # noqa: S608 - identifiers quoted, values bound
+            f"WHERE id {in_chunk} ORDER BY id{lock}",
+            chunk_params,
+        )
+        for counter, child, left in cursor.fetchall():
+            n = hits[int(counter)]
+            by_hits.setdefault(n, []).append(int(counter))
+            if int(left) <= 0 < int(left) + n:
+                reopened[int(child)] = reopened.get(int(child), 0) + 1
+    for n, ids in sorted(by_hits.items()):
+        for chunk in id_chunks(ids):
+            in_ids, ids_params = d.in_ids(chunk)
+            cursor.execute(
+                f"UPDATE {table(d)} SET remaining = remaining + %s WHERE id {in_ids}",  # noqa: S608 - identifiers quoted, values bound
+                [n, *ids_params],
+            )
+    return reopened
+
+
 def lock_of_steps(d: Dialect, cursor: Any, workflow_id: int, statuses: Sequence[str]) -> None:
     """Lock the counters of the steps of a workflow in ``statuses``, in id order: before
     those steps' rows, as every settle takes them (no-op without row locks)."""

@@ -22,7 +22,7 @@ from django.db.models import Case, F, Q, When
 from ..conf import BACKEND_PATH, parse_options
 from ..functions import DatabaseNow
 from ..models import Job, JobStatus
-from .dependants import settle_and_notify, steps_of
+from .dependants import give_back, settle_and_notify, steps_of
 from .dialect import Dialect, dialect, retry_deadlocks
 from .enqueue import NOTIFY_CHANNEL
 from .values import CancelResult, RetryResult
@@ -110,6 +110,11 @@ def retry(
     job gets a fresh budget: its stall and snooze counts are reset and it may run at
     least one more attempt (``max_attempts`` becomes at least ``attempt + 1``). Its
     attempt history stays.
+
+    A workflow step's dependants that still wait for it (finalisers, which its end
+    counted down) get that count back in the same transaction (``dependants.give_back``):
+    its new end releases them once, not a second time. Dependants that no longer wait
+    keep their outcome.
     """
     allowed = [str(s) for s in (statuses or RETRIABLE)]
     if not set(allowed) <= set(RETRIABLE):
@@ -130,8 +135,13 @@ def _retry(d: Dialect, job_id: int, allowed: list[str]) -> int:
     with transaction.atomic(using=d.using):
         jobs = Job.objects.using(d.using).filter(pk=job_id)
         changed = jobs.filter(status__in=allowed).update(**retried_columns())
-        if changed == 1 and d.vendor == "postgresql":
-            with connections[d.using].cursor() as cursor:
+        if changed != 1:
+            return changed
+        with connections[d.using].cursor() as cursor:
+            # A workflow step's end counted its waiting finalisers down: its new end will
+            # count them again, so they get that count back first (same transaction).
+            give_back(d, cursor, [job_id])
+            if d.vendor == "postgresql":
                 cursor.execute(
                     f"SELECT pg_notify(%s, queue) FROM {d.jobs} WHERE id = %s",  # noqa: S608 - identifiers quoted, values bound
                     [NOTIFY_CHANNEL, job_id],

@@ -12,6 +12,7 @@ from django.db import IntegrityError, connections, transaction
 
 from ..models import Dependency
 from . import fanin
+from .dependants import give_back
 from .dialect import Dialect, dialect, id_chunks, placeholders, retry_deadlocks
 from .enqueue import NOTIFY_CHANNEL, notify
 from .values import ParentOutcome
@@ -97,7 +98,9 @@ def retry_failed_steps(workflow_id: int, *, using: str = "default") -> int:
     """Run again every step of a workflow that ended without succeeding (failed, dead,
     cancelled, or ended unrun after a parent failed): each gets a fresh budget as an
     operator's retry gives a job, and waits again for its parents that have not
-    succeeded (those retried with it). Returns the number of steps retried.
+    succeeded (those retried with it). The steps still waiting for them (finalisers,
+    which their end counted down) get that count back (``dependants.give_back``, as a
+    single retry does). Returns the number of steps retried.
 
     ``ValueError`` (and nothing retried) when a failed step's dedup key is held by another
     job that has not finished."""
@@ -120,8 +123,9 @@ def _retry_failed_steps(d: Dialect, workflow_id: int) -> int:
     edges = d.q(Dependency._meta.db_table)
     lock = " FOR UPDATE" if d.row_locks else ""
     with transaction.atomic(using=d.using), connections[d.using].cursor() as cursor:
-        # Their fan-in counters first, then their rows: the order every settle takes.
-        fanin.lock_of_steps(d, cursor, workflow_id, RETRIED)
+        # Their fan-in counters and those of the waiting steps (which ``give_back`` may
+        # change) first, then their rows: the order every settle takes.
+        fanin.lock_of_steps(d, cursor, workflow_id, (*RETRIED, "waiting"))
         cursor.execute(
             f"SELECT id FROM {d.jobs} WHERE workflow_id = %s "  # noqa: S608 - identifiers quoted, values bound
             f"AND status IN ({placeholders(len(RETRIED))}) ORDER BY id{lock}",
@@ -130,6 +134,10 @@ def _retry_failed_steps(d: Dialect, workflow_id: int) -> int:
         steps = [int(job_id) for (job_id,) in cursor.fetchall()]
         if not steps:
             return 0
+        # Their waiting finalisers were counted down by their end: they get it back, as
+        # for a single retry (before the steps themselves wait again: they are not
+        # touched, they are recounted below).
+        give_back(d, cursor, steps)
         # A step waits for its direct parents that have not succeeded, and for its fan-in
         # counters, each reset to its parents that have not succeeded.
         waiting = fanin.recount(d, cursor, steps)
