@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 import pytest
 from django.conf import settings
+from django.db import connection
 
 from django_leasejobs.compat import task_backends
 from django_leasejobs.leases import database_now
@@ -47,6 +48,11 @@ def started_pids(events: Path) -> set[int]:
     return {event["pid"] for event in worker_events.matching(events, "worker_started")}
 
 
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="the demo runs on PostgreSQL (scripts/demo's embedded server): about 50 s, run "
+    "in the PostgreSQL suites only",
+)
 def test_demo_enqueue_then_demo_workers_run_jobs_and_stop_cleanly(
     run_manage: Any, subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:
