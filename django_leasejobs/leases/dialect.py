@@ -150,15 +150,24 @@ def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def hot_cursor(using: str) -> Any:
-    """A cursor for a statement that runs again and again with the same SQL (an enqueue).
+def fetch_one(using: str, sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
+    """Run one statement that runs again and again with the same SQL (an enqueue); return
+    its one row.
 
-    On PostgreSQL through psycopg 3, when the alias allows prepared statements (Django's
-    ``DATABASES[alias]["OPTIONS"]["prepare_threshold"]``, off by default so that
-    connection poolers keep working), a server-side binding cursor: psycopg prepares
-    the statement once it ran ``prepare_threshold`` times, and the server no longer
-    parses and plans it at each run. Otherwise, and elsewhere, Django's own cursor. Both
-    are wrapped by Django (execute wrappers, query logging).
+    On PostgreSQL through psycopg 3:
+
+    * when the alias allows prepared statements (Django's
+      ``DATABASES[alias]["OPTIONS"]["prepare_threshold"]``, off by default so that
+      connection poolers keep working), on a server-side binding cursor: psycopg prepares
+      the statement once it ran ``prepare_threshold`` times, and the server no longer
+      parses and plans it at each run; through Django's cursor wrapper;
+    * otherwise, when nothing hooks Django's cursors (no execute wrapper, no query log:
+      ``DEBUG`` off and no ``assertNumQueries``), on the connection's own cursor, inside
+      Django's error translation and its thread and broken-transaction checks: Django's
+      cursor wrapper costs about a quarter of an enqueue's client CPU
+      (docs/benchmarks.md, "Where enqueue()'s time goes").
+
+    Elsewhere, Django's own cursor.
     """
     connection = connections[using]
     if connection.vendor == "postgresql":
@@ -169,11 +178,24 @@ def hot_cursor(using: str) -> Any:
 
             connection.validate_thread_sharing()
             factory: Any = ServerBindingCursor  # (django-stubs types it without arguments)
-            cursor = factory(raw)
-            if connection.queries_logged:
-                return connection.make_debug_cursor(cursor)
-            return connection.make_cursor(cursor)
-    return connection.cursor()
+            bound = factory(raw)
+            wrap = (
+                connection.make_debug_cursor
+                if connection.queries_logged
+                else connection.make_cursor
+            )
+            with wrap(bound) as cursor:
+                cursor.execute(sql, params)
+                return tuple(cursor.fetchone())
+        if not connection.execute_wrappers and not connection.queries_logged:
+            connection.validate_thread_sharing()
+            connection.validate_no_broken_transaction()
+            with connection.wrap_database_errors, connection.create_cursor() as cursor:
+                cursor.execute(sql, params)
+                return tuple(cursor.fetchone())
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return tuple(cursor.fetchone())
 
 
 ID_CHUNK = 5000

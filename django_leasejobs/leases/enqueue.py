@@ -13,7 +13,7 @@ from django.db import connections
 
 from ..models import Dependency, Job, JobStatus
 from . import fanin
-from .dialect import dialect, hot_cursor, placeholders
+from .dialect import dialect, fetch_one, placeholders
 from .values import NewJob
 
 _INSERT_COLUMNS = (
@@ -130,7 +130,8 @@ def insert_job(job: NewJob, *, notify: str, using: str = "default") -> tuple[int
 
     Returns the new id and its ``enqueued_at``. The notification is delivered when the
     surrounding transaction commits (at once in autocommit), like any NOTIFY. Prepared
-    once the alias allows it (``dialect.hot_cursor``).
+    once the alias allows it, and past Django's cursor wrapper when nothing hooks it
+    (``dialect.fetch_one``).
 
     A column whose value is None is left out of the statement: it gets NULL (``run_after``
     the database's now) all the same, and most of a job's optional columns are None,
@@ -141,9 +142,7 @@ def insert_job(job: NewJob, *, notify: str, using: str = "default") -> tuple[int
     unset = tuple([value is None for value in values])
     params = [value for value in values if value is not None]
     params.append(notify)
-    with hot_cursor(using) as cursor:
-        cursor.execute(_insert_notify_sql(using, unset), params)
-        job_id, enqueued_at, _ = cursor.fetchone()
+    job_id, enqueued_at, _ = fetch_one(using, _insert_notify_sql(using, unset), params)
     return int(job_id), enqueued_at
 
 

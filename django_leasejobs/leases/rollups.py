@@ -12,9 +12,8 @@ nothing. Rows go in key order, so two writers lock the same rows in the same ord
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connections
 
@@ -26,9 +25,11 @@ KEY_COLUMNS = ("backend", "minute", "queue", "task_path")
 VALUE_COLUMNS = (*ROLLUP_COUNTERS, *WAIT_COLUMNS, *RUN_COLUMNS)
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class RollupKey:
-    """One row of the rollup table: a backend's minute of one queue and task."""
+class RollupKey(NamedTuple):
+    """One row of the rollup table: a backend's minute of one queue and task.
+
+    A named tuple: a round's tally looks its rows up several times per job, and a
+    tuple hashes, compares and orders (the upsert's lock order) in C."""
 
     backend: str
     minute: datetime

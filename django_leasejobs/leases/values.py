@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from ..hot_values import hot_value
 from ..models import AttemptOutcome
 from .rules import (
     MAX_ERROR_CLASS_LENGTH,
@@ -36,7 +37,7 @@ class ParentOutcome:
         return self.status == "succeeded"
 
 
-@dataclass(frozen=True, slots=True)
+@hot_value
 class ClaimedJob:
     """What a worker needs to run one claimed attempt."""
 
@@ -206,7 +207,7 @@ class ClaimRound:
     claiming again before a slot frees or a window moves on would find the same."""
 
 
-@dataclass(frozen=True, slots=True)
+@hot_value
 class NewJob:
     """The producer's columns of a job row about to be inserted."""
 
@@ -247,7 +248,7 @@ class NewJob:
     """``"run"``: the step runs even when a parent failed; None: it fails unrun."""
 
 
-@dataclass(frozen=True, slots=True)
+@hot_value
 class Completion:
     """One successful attempt, for :func:`complete_many`."""
 
@@ -263,7 +264,7 @@ class Completion:
         return (self.job_id, self.attempt)
 
 
-@dataclass(frozen=True, slots=True)
+@hot_value
 class Failure:
     """One attempt that did not succeed, for :func:`fail_many`.
 

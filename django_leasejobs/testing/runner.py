@@ -17,7 +17,6 @@ back with it.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +34,14 @@ from ..leases import ClaimedJob, Completion, ErrorInfo, Failure, LeaseLost, Prog
 from ..leases.rules import CANCELLED_ERROR_CLASS, CANCELLED_ERROR_MESSAGE, TIMEOUT_ERROR_CLASS
 from ..models import FINISHED_STATUSES, AttemptOutcome, Job, JobAttempt, JobStatus
 from ..retry import RETRIED
-from ..worker.execution import JobSpec, Outcome, attempt_failure, execute, running_result
+from ..worker.execution import (
+    JobSpec,
+    LostFlag,
+    Outcome,
+    attempt_failure,
+    execute,
+    running_result,
+)
 
 _savepoint_create = getattr(transaction, "savepoint_create", None) or transaction.savepoint
 """``savepoint_create`` on Django 6.1+, which deprecates ``savepoint``."""
@@ -182,7 +188,7 @@ class _Attempt:
         self.job = job
         self.backend = backend
         self.worker_id = worker_id
-        self.lost_flag = threading.Event()
+        self.lost_flag = LostFlag()
         self.cancel_requested = False
         self.lease_lost = False
         self.started = time.monotonic()

@@ -12,7 +12,6 @@ import contextlib
 import copy
 import logging
 import math
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from asgiref.sync import sync_to_async
 
 from ..compat import AnyTask, AnyTaskResult, TaskContext, TaskError
 from ..exceptions import InvalidTaskArguments, UnknownTask
+from ..hot_values import hot_value
 from ..leases import (
     MAX_PROGRESS_MESSAGE_LENGTH,
     ClaimedJob,
@@ -48,7 +48,7 @@ logger = logging.getLogger("django_leasejobs")
 NOT_RETRIED = Verdict(Decision.FAIL, "not retried: it would fail the same way again")
 
 
-@dataclass(frozen=True, slots=True)
+@hot_value
 class JobSpec:
     """What a slot receives for one attempt (picklable: sent to child processes)."""
 
@@ -76,7 +76,7 @@ class JobSpec:
         return (JobSpec, fields)
 
 
-@dataclass(frozen=True, slots=True)
+@hot_value
 class Outcome:
     lease: tuple[int, int]
     ok: bool
@@ -105,6 +105,23 @@ class Outcome:
 ProgressSink = Callable[[tuple[int, int], float | None, str | None], None]
 
 
+class LostFlag:
+    """Set once the worker stops the attempt a thread-pool slot runs (its lease lost,
+    its timeout, a cancel): ``context.lease_lost``. Nothing waits on it, so a plain
+    attribute does (a ``threading.Event`` per job costs a lock and a condition)."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobContext(TaskContext):  # type: ignore[misc, type-arg]
     """The context a ``takes_context=True`` task receives.
@@ -123,7 +140,7 @@ class JobContext(TaskContext):  # type: ignore[misc, type-arg]
     workflow_id: int | None = None
     initial_parents: tuple[ParentOutcome, ...] | None = None
     progress_sink: ProgressSink | None = None
-    lost_flag: threading.Event = field(default_factory=threading.Event)
+    lost_flag: LostFlag = field(default_factory=LostFlag)
     _state: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -291,7 +308,7 @@ def execute(
     spec: JobSpec,
     *,
     progress_sink: ProgressSink | None = None,
-    lost_flag: threading.Event | None = None,
+    lost_flag: LostFlag | None = None,
 ) -> Outcome:
     """Run one attempt and describe how it ended, in the job's span when tracing is on.
     Never raises: whatever the task raises (``KeyboardInterrupt`` and ``SystemExit``
@@ -304,7 +321,7 @@ async def execute_async(
     spec: JobSpec,
     *,
     progress_sink: ProgressSink | None = None,
-    lost_flag: threading.Event | None = None,
+    lost_flag: LostFlag | None = None,
 ) -> Outcome:
     """:func:`execute` on the running event loop (``Task.acall``): for a process-pool slot
     that runs many ``async def`` jobs at once, or a thread-pool slot that runs one. The
@@ -325,7 +342,7 @@ def runs_on_a_loop(spec: JobSpec) -> bool:
         return False
 
 
-@dataclass(frozen=True, slots=True)
+@hot_value
 class _Call:
     """A resolved attempt, ready to call: the task and the arguments it is called with
     (the context first for a ``takes_context`` task)."""
@@ -336,7 +353,7 @@ class _Call:
 
 
 def _prepare(
-    spec: JobSpec, progress_sink: ProgressSink | None, lost_flag: threading.Event | None
+    spec: JobSpec, progress_sink: ProgressSink | None, lost_flag: LostFlag | None
 ) -> _Call | Outcome:
     """What to call for the attempt, or the Outcome of one that cannot be called (a
     malformed row, a task that is not registered)."""
@@ -361,7 +378,7 @@ def _prepare(
         workflow_id=job.workflow_id,
         initial_parents=job.parents,
         progress_sink=progress_sink,
-        lost_flag=lost_flag or threading.Event(),
+        lost_flag=lost_flag or LostFlag(),
     )
     return _Call(task, (context, *job.args), context)
 
@@ -413,7 +430,7 @@ def _failed(
 
 
 def _attempt(
-    spec: JobSpec, progress_sink: ProgressSink | None, lost_flag: threading.Event | None
+    spec: JobSpec, progress_sink: ProgressSink | None, lost_flag: LostFlag | None
 ) -> Outcome:
     started = time.monotonic()
     call = _prepare(spec, progress_sink, lost_flag)
@@ -431,7 +448,7 @@ def _attempt(
 
 
 async def _attempt_async(
-    spec: JobSpec, progress_sink: ProgressSink | None, lost_flag: threading.Event | None
+    spec: JobSpec, progress_sink: ProgressSink | None, lost_flag: LostFlag | None
 ) -> Outcome:
     started = time.monotonic()
     call = _prepare(spec, progress_sink, lost_flag)

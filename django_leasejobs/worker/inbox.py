@@ -104,6 +104,13 @@ class Inbox:
         self._messages: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._notified = False
         """A ``JobsMayBeReady`` waits: a NOTIFY flood is one message."""
+        self._rung = False
+        """A wake-up byte was written since the loop last drained the pipe: another is
+        not needed (a thread pool's slots wake the loop for every few jobs)."""
+        self._readable = True
+        """The last wait found the pipe readable (a byte written by a ``wake`` that found
+        ``_rung`` set just before a drain cleared it): drain it, or every wait would
+        return at once."""
         self.fileno, self._wake_w = os.pipe()
         self._selector: selectors.BaseSelector | None = None
         self._selected: list[int] = []
@@ -118,15 +125,27 @@ class Inbox:
         self.wake()
 
     def wake(self) -> None:
-        """Wake the main loop without a message (a slot or a database round has news)."""
+        """Wake the main loop without a message (a slot or a database round has news).
+
+        Called after the news is in place (a message posted, an event appended): if a
+        byte was written since the loop last drained the pipe, the loop has yet to pass
+        ``take`` and will see the news after it."""
+        if self._rung:
+            return
+        self._rung = True
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_w, b"x")
 
     def take(self) -> list[Message]:
-        """Every message posted since the last call; clears the wake-up."""
-        with contextlib.suppress(BlockingIOError, OSError):
-            while os.read(self.fileno, 4096):
-                pass
+        """Every message posted since the last call; clears the wake-up (the pipe
+        drained, then the flag: news posted after the drain finds it set and writes
+        nothing, and is read below or later in the same pass; news after the clear
+        writes a byte)."""
+        if self._rung or self._readable:
+            with contextlib.suppress(BlockingIOError, OSError):
+                while os.read(self.fileno, 4096):
+                    pass
+            self._rung = self._readable = False
         messages: list[Message] = []
         if self._notified:
             self._notified = False
@@ -150,7 +169,9 @@ class Inbox:
             for item in [*waitables, self.fileno]:
                 self._selector.register(item, selectors.EVENT_READ)
             self._selected = waitables
-        self._selector.select(timeout)
+        for key, _ in self._selector.select(timeout):
+            if key.fileobj == self.fileno:
+                self._readable = True
 
     def close(self) -> None:
         if self._selector is not None:

@@ -16,7 +16,7 @@ Lease = tuple[int, int]
 StopReason = Literal["lease_lost", "timeout", "cancelled", "shutdown"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class RunningJob:
     """One claimed attempt, from its claim until its outcome is written (or let go)."""
 

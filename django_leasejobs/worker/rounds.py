@@ -28,6 +28,7 @@ from django.db import InterfaceError, OperationalError, connections
 
 from .. import leases
 from ..exceptions import LeaseLost, RowLocked
+from ..hot_values import hot_value
 from ..leases import ClaimedJob, Completion, ErrorInfo, Failure, WriteResult, storable_text
 from ..limits import FlowRules
 from ..models import AttemptOutcome, JobAttempt, JobStatus
@@ -42,7 +43,7 @@ EndingKind = Literal[
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@hot_value
 class Ending:
     """How an attempt ended that reported no outcome of its own, as the worker saw it:
     its process died (``killed``), the worker stopped it for its timeout, a cancel or a

@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import OperationalError, connection, connections, transaction
+from django.db.transaction import TransactionManagementError
 from django.test import override_settings
 from django.utils import timezone
 
@@ -313,3 +314,67 @@ def test_a_row_with_every_option_stores_them_all() -> None:
     assert row["flow_group"] == "key:customer-1"
     assert (row["concurrency_limit"], row["rate_limit"]) == (2, "10/m")
     assert Job.objects.get(pk=int(result.id)).run_after == when
+
+
+# --------------------------------------------------------------------------- the cursor
+# On PostgreSQL (without prepared statements) an enqueue runs on the connection's own
+# cursor when nothing hooks Django's (``dialect.fetch_one``): what Django's cursor wrapper
+# gives a caller must hold all the same.
+
+POSTGRES_ONLY = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the one-statement enqueue is PostgreSQL's"
+)
+
+
+@POSTGRES_ONLY
+@pytest.mark.django_db
+def test_an_execute_wrapper_sees_the_enqueue() -> None:
+    seen: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        tasks.add.enqueue(1, 2)
+    assert len(seen) == 1 and "pg_notify" in seen[0]
+    tasks.add.enqueue(3, 4)  # (unhooked again: the fast cursor)
+    assert len(seen) == 1
+    assert Job.objects.count() == 2
+
+
+@POSTGRES_ONLY
+@pytest.mark.django_db
+def test_the_query_log_sees_the_enqueue(django_assert_num_queries: Any) -> None:
+    with django_assert_num_queries(1) as captured:
+        tasks.add.enqueue(1, 2)
+    assert "pg_notify" in captured.captured_queries[0]["sql"]
+
+
+@POSTGRES_ONLY
+@pytest.mark.django_db(transaction=True)
+def test_a_database_error_is_djangos_and_breaks_the_atomic_block() -> None:
+    """The error is Django's (``OperationalError``: a lock not had in time), the
+    surrounding atomic block is marked for rollback, and an enqueue in it is refused as
+    Django refuses any query there."""
+    holder = connections.create_connection("default")
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute("BEGIN")
+            cursor.execute(f"LOCK TABLE {Job._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '50ms'")
+            # In a savepoint: the outer block stays usable.
+            with pytest.raises(OperationalError, match="lock timeout"), transaction.atomic():
+                tasks.add.enqueue(1, 2)
+            assert not connection.needs_rollback
+            with pytest.raises(OperationalError, match="lock timeout"):
+                tasks.add.enqueue(1, 2)
+            assert connection.needs_rollback
+            with pytest.raises(TransactionManagementError):
+                tasks.add.enqueue(1, 2)
+    finally:
+        holder.close()
+    tasks.add.enqueue(5, 6)  # the connection works once the block rolled back
+    assert Job.objects.count() == 1

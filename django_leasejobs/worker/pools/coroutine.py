@@ -13,7 +13,7 @@ from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.db import connections
 
 from ...serialization import depth_limits
-from ..execution import JobSpec, Outcome, ProgressSink, execute_async
+from ..execution import JobSpec, LostFlag, Outcome, ProgressSink, execute_async
 
 
 class SlotCoroutine:
@@ -40,14 +40,12 @@ class SlotCoroutine:
         if self._loop is not None and self._task is not None:
             self._loop.call_soon_threadsafe(self._task.cancel)
 
-    def run(self, spec: JobSpec, progress: ProgressSink, flag: threading.Event) -> Outcome:
+    def run(self, spec: JobSpec, progress: ProgressSink, flag: LostFlag) -> Outcome:
         depth_limits(spec.database)  # (looked up here: no query on the loop, for its result)
         with asyncio.Runner() as runner:
             return runner.run(self._attempt(spec, progress, flag))
 
-    async def _attempt(
-        self, spec: JobSpec, progress: ProgressSink, flag: threading.Event
-    ) -> Outcome:
+    async def _attempt(self, spec: JobSpec, progress: ProgressSink, flag: LostFlag) -> Outcome:
         task = asyncio.current_task()
         with self._lock:
             self._loop, self._task = asyncio.get_running_loop(), task

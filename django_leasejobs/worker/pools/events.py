@@ -12,13 +12,14 @@ import signal
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from ...hot_values import hot_value
 from ..execution import JobSpec, Outcome
 
 Lease = tuple[int, int]
 """(job id, attempt)"""
 
 
-@dataclass(frozen=True, slots=True)
+@hot_value
 class ProgressEvent:
     lease: Lease
     fraction: float | None
@@ -36,7 +37,7 @@ class SlotDied:
     released without counting an attempt."""
 
 
-@dataclass(frozen=True, slots=True)
+@hot_value
 class Retracted:
     """Jobs handed to a slot that never started there (taken back, or the slot died
     first): they go back to the worker's queue of ready jobs."""
@@ -44,7 +45,7 @@ class Retracted:
     leases: tuple[Lease, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@hot_value
 class Started:
     """Jobs a slot started that were queued behind another one (the first job handed
     to an idle slot starts at once: the worker announces it as it hands it over)."""
@@ -52,7 +53,7 @@ class Started:
     leases: tuple[Lease, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@hot_value
 class Room:
     """A slot that can take jobs now."""
 

@@ -24,6 +24,9 @@ class Frames:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.buffer = bytearray()
+        self.emptied = False
+        """The last read took less than ``CHUNK``: everything written before it began
+        was read (no need to ask the pipe whether more waits)."""
 
     def read(self) -> list[Any]:
         """Every whole message waiting; raises EOFError when the child's end is closed
@@ -48,6 +51,7 @@ class Frames:
         data = os.read(self.fd, self.CHUNK)
         if not data:
             raise EOFError
+        self.emptied = len(data) < self.CHUNK
         self.buffer += data
 
     def _frame(self) -> tuple[int, int] | None:

@@ -150,6 +150,7 @@ class ProcessPool:
         slot.sentinel = process.sentinel
         self._poller.register(slot.conn_fd, select.POLLIN)
         self._poller.register(slot.sentinel, select.POLLIN)
+        self._poller.register(slot.bell_r, select.POLLIN)
         # Not waited for here: a replacement is spawned from the main loop, which must not
         # stall while the child starts. It takes jobs once its MSG_READY is read.
         return slot
@@ -159,7 +160,7 @@ class ProcessPool:
         self._slots[slot.index] = self._spawn(slot.index)
 
     def _close_slot(self, slot: ProcessSlot) -> None:
-        for fd in (slot.conn_fd, slot.sentinel):
+        for fd in (slot.conn_fd, slot.sentinel, slot.bell_r):
             with contextlib.suppress(KeyError, ValueError):
                 self._poller.unregister(fd)
         for name in ("lifeline_w", "bell_r"):
@@ -286,15 +287,24 @@ class ProcessPool:
         # below before any start is reported. (Read after the poll, it could name a job
         # passed over whose message came after the poll as started.)
         started = [int(slot.state.values[STARTED]) for slot in slots]
+        # One system call for every pipe, bell and sentinel: a short job's bookkeeping
+        # costs less than a few system calls more per pass.
         ready = {fd for fd, _ in self._poller.poll(0)}
         for slot, started_upto in zip(slots, started, strict=True):
-            drain(slot.bell_r)
-            events.extend(slot.events)
-            slot.events.clear()
+            if slot.bell_r in ready:
+                drain(slot.bell_r)
+            if slot.events:
+                events.extend(slot.events)
+                slot.events.clear()
             if slot.conn_fd in ready:
                 # All of it: a read takes 64 KiB at most, and a message left behind could
-                # be the MSG_EXPIRED of a job ``STARTED`` has passed.
-                while self._read_messages(slot, events) and _readable(slot.conn_fd):
+                # be the MSG_EXPIRED of a job ``STARTED`` has passed. A read that took
+                # less emptied the pipe of what was written before it.
+                while (
+                    self._read_messages(slot, events)
+                    and not slot.frames.emptied
+                    and _readable(slot.conn_fd)
+                ):
                     pass
             if slot.sentinel in ready and not slot.process.is_alive():
                 self._slot_died(slot, events)

@@ -19,7 +19,7 @@ from typing import Literal
 from django.db import connections
 
 from ..child import RING_AFTER
-from ..execution import JobSpec, Outcome, error_info, execute, runs_on_a_loop
+from ..execution import JobSpec, LostFlag, Outcome, error_info, execute, runs_on_a_loop
 from .coroutine import SlotCoroutine
 from .events import Event, Lease, ProgressEvent, Retracted, Room, Started, StopAction
 
@@ -27,6 +27,9 @@ from .events import Event, Lease, ProgressEvent, Retracted, Room, Started, StopA
 @dataclass(eq=False)
 class _ThreadSlot:
     index: int
+    work: threading.Condition
+    """Notified when jobs are handed to this thread, or the pool shuts down (on the
+    pool's lock: a hand-over wakes its own thread only)."""
     queue: deque[JobSpec] = field(default_factory=deque)
     """Jobs handed to this thread that it has not started, in order."""
     current: Lease | None = None
@@ -54,10 +57,9 @@ class ThreadPool:
         """At shutdown, how long the coroutines sent ``CancelledError`` get to end
         (``LOCK_LOST_GRACE``) before the worker leaves without them."""
         self._lock = threading.Lock()
-        self._work = threading.Condition(self._lock)
-        self._slots = [_ThreadSlot(i) for i in range(size)]
+        self._slots = [_ThreadSlot(i, threading.Condition(self._lock)) for i in range(size)]
         self._events: list[Event] = []
-        self._flags: dict[Lease, threading.Event] = {}
+        self._flags: dict[Lease, LostFlag] = {}
         self._abandoned: set[Lease] = set()
         self._closing = False
         self._threads: list[threading.Thread] = []
@@ -70,13 +72,13 @@ class ThreadPool:
             thread.start()
             self._threads.append(thread)
 
-    def _next(self, slot: _ThreadSlot) -> tuple[JobSpec, threading.Event] | None:
+    def _next(self, slot: _ThreadSlot) -> tuple[JobSpec, LostFlag] | None:
         """The next job this thread may start (a job whose ``start_by`` passed goes back
         to the worker); None when the pool shuts down."""
-        with self._work:
+        with slot.work:
             while True:
                 while not slot.queue and not self._closing:
-                    self._work.wait()
+                    slot.work.wait()
                 if not slot.queue:
                     return None
                 spec = slot.queue.popleft()
@@ -134,9 +136,10 @@ class ThreadPool:
         """Let the threads leave; wait up to ``stop_grace`` for those whose coroutine was
         sent ``CancelledError`` (its ``finally`` runs). A job that does not stop is left
         running: the worker's exit ends it."""
-        with self._work:
+        with self._lock:
             self._closing = True
-            self._work.notify_all()
+            for slot in self._slots:
+                slot.work.notify()
             ending = [
                 thread
                 for slot, thread in zip(self._slots, self._threads, strict=True)
@@ -173,15 +176,15 @@ class ThreadPool:
         return any(s.queue for s in self._slots)
 
     def submit(self, slot_index: int, specs: list[JobSpec]) -> bool:
-        with self._work:
+        with self._lock:
             for spec in specs:
-                self._flags[spec.job.lease] = threading.Event()
+                self._flags[spec.job.lease] = LostFlag()
             slot = self._slots[slot_index]
             idle = slot.current is None and not slot.queue
             if idle:
                 slot.announced = specs[0].job.lease
             slot.queue.extend(specs)
-            self._work.notify_all()
+            slot.work.notify()
         return idle
 
     def waitables(self) -> list[int]:
