@@ -354,9 +354,9 @@ def test_the_query_log_sees_the_enqueue(django_assert_num_queries: Any) -> None:
 @POSTGRES_ONLY
 @pytest.mark.django_db(transaction=True)
 def test_a_database_error_is_djangos_and_breaks_the_atomic_block() -> None:
-    """The error is Django's (``OperationalError``: a lock not had in time), the
-    surrounding atomic block is marked for rollback, and an enqueue in it is refused as
-    Django refuses any query there."""
+    """The error is Django's (``OperationalError``: a lock not had in time); raised through
+    an atomic block without a savepoint it marks the outer block for rollback, and an
+    enqueue there is refused as Django refuses any query there."""
     holder = connections.create_connection("default")
     try:
         with holder.cursor() as cursor:
@@ -369,7 +369,10 @@ def test_a_database_error_is_djangos_and_breaks_the_atomic_block() -> None:
             with pytest.raises(OperationalError, match="lock timeout"), transaction.atomic():
                 tasks.add.enqueue(1, 2)
             assert not connection.needs_rollback
-            with pytest.raises(OperationalError, match="lock timeout"):
+            with (
+                pytest.raises(OperationalError, match="lock timeout"),
+                transaction.atomic(savepoint=False),
+            ):
                 tasks.add.enqueue(1, 2)
             assert connection.needs_rollback
             with pytest.raises(TransactionManagementError):
