@@ -54,6 +54,7 @@ class Handover:
         """A slot reported an outcome or died since the loop last looked (claim again)."""
         self.loops = pool.kind == "process"
         """``async def`` jobs run at once on the slots' event loops (process pool)."""
+        self._async_tasks: dict[int, tuple[AnyTask, bool]] = {}
 
     # -- claimed jobs in, to slots ------------------------------------------------------
 
@@ -76,7 +77,7 @@ class Handover:
             except Exception:  # a module that fails to import
                 task = None  # the slot reports the clear error; nothing is called
             running = RunningJob(job=job, task=task, started=now)
-            if self.loops and task is not None and iscoroutinefunction(task.func):
+            if self.loops and task is not None and self._is_async(task):
                 running.on_loop = True
                 on_loop += 1
             self.book.add(running)
@@ -84,6 +85,15 @@ class Handover:
         if self.loops:
             self.dispatcher.note_claimed(len(claimed), on_loop)
         self.dispatch()
+
+    def _is_async(self, task: AnyTask) -> bool:
+        """Whether ``task`` is an ``async def`` one (asked once per task object: the
+        answer does not change, and ``iscoroutinefunction`` costs a few attribute looks
+        per claimed job)."""
+        known = self._async_tasks.get(id(task))
+        if known is None or known[0] is not task:
+            known = self._async_tasks[id(task)] = (task, iscoroutinefunction(task.func))
+        return known[1]
 
     def dispatch(self) -> None:
         """Hand waiting jobs to slots with room; route jobs stopped while they waited.
@@ -200,8 +210,7 @@ class Handover:
         self.dispatcher.handed_over(now - running.started)
         running.dispatched = True
         running.started = now
-        self.book.table.handed_over(job.lease, now, job.timeout)
-        renewed = self.book.table.renewed_at(job.lease)
+        renewed = self.book.table.handed_over(job.lease, now, job.timeout)
         # The rule of _route_stopped_heads, kept by the slot for queued jobs.
         return JobSpec(
             job=job,

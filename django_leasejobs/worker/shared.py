@@ -82,11 +82,15 @@ class LeaseTable:
         with self._lock:
             self._held.pop(lease, None)
 
-    def handed_over(self, lease: Lease, now: float, timeout: float | None) -> None:
+    def handed_over(self, lease: Lease, now: float, timeout: float | None) -> float:
+        """Note that ``lease``'s job went to a slot; return when the lease was last
+        renewed (0.0 when it is not in the table)."""
         with self._lock:
             held = self._held.get(lease)
-            if held is not None:
-                held.started_at, held.timeout = now, timeout
+            if held is None:
+                return 0.0
+            held.started_at, held.timeout = now, timeout
+            return held.renewed_at
 
     def taken_back(self, lease: Lease) -> None:
         with self._lock:

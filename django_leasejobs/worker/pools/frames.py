@@ -33,18 +33,20 @@ class Frames:
         and nothing was waiting."""
         self._fill()
         messages: list[Any] = []
+        done = 0  # bytes of the buffer already cut into messages (dropped once, at the end)
         try:
-            while self.buffer:
-                frame = self._frame()
+            while done < len(self.buffer):
+                frame = self._frame(done)
                 if frame is None:
                     self._fill()  # the rest of a message is on its way
                     continue
-                start, end = frame
-                messages.append(pickle.loads(self.buffer[start:end]))  # noqa: S301 - our own child's messages
-                del self.buffer[:end]
+                start, done = frame
+                messages.append(pickle.loads(self.buffer[start:done]))  # noqa: S301 - our own child's messages
         except EOFError:
             if not messages:
                 raise
+        finally:
+            del self.buffer[:done]
         return messages
 
     def _fill(self) -> None:
@@ -54,17 +56,17 @@ class Frames:
         self.emptied = len(data) < self.CHUNK
         self.buffer += data
 
-    def _frame(self) -> tuple[int, int] | None:
-        """Where the first message's pickle starts and ends, if it is whole."""
-        if len(self.buffer) < 4:
+    def _frame(self, at: int) -> tuple[int, int] | None:
+        """Where the pickle of the message at ``at`` starts and ends, if it is whole."""
+        if len(self.buffer) < at + 4:
             return None
-        (size,) = struct.unpack_from("!i", self.buffer)
-        start = 4
+        (size,) = struct.unpack_from("!i", self.buffer, at)
+        start = at + 4
         if size == -1:
-            if len(self.buffer) < 12:
+            if len(self.buffer) < at + 12:
                 return None
-            (size,) = struct.unpack_from("!Q", self.buffer, 4)
-            start = 12
+            (size,) = struct.unpack_from("!Q", self.buffer, at + 4)
+            start = at + 12
         end = start + size
         return (start, end) if len(self.buffer) >= end else None
 
