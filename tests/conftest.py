@@ -25,10 +25,23 @@ RunManage = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
 @pytest.fixture(scope="session")
-def _subprocess_env_base(django_db_setup: None) -> dict[str, str]:
+def _subprocess_env_base(django_db_setup: None, django_db_blocker: Any) -> dict[str, str]:
     # After django_db_setup, the connection's settings name the test database
     # (test_<name> on PostgreSQL, the temporary file on SQLite).
-    from django.db import connection, connections
+    from django.db import DatabaseError, connection, connections
+
+    second = str(connections["leasejobs_second"].settings_dict["NAME"])
+    if connection.vendor == "mysql":
+        # A worker's system checks connect to every alias on MySQL/MariaDB (Django 6 asks
+        # the server's version): when no test of this run asked for the second database,
+        # it may not exist; the workers then take the default test database for it.
+        with django_db_blocker.unblock():
+            try:
+                connections["leasejobs_second"].ensure_connection()
+            except DatabaseError:
+                second = str(connection.settings_dict["NAME"])
+            finally:
+                connections["leasejobs_second"].close()
 
     env = dict(os.environ)
     paths = [str(REPO_ROOT), str(TESTPROJECT_DIR)]
@@ -39,9 +52,7 @@ def _subprocess_env_base(django_db_setup: None) -> dict[str, str]:
         PYTHONPATH=os.pathsep.join(paths),
         DATABASE_URL=settings_to_database_url(connection.settings_dict),
         # tests/settings.py's second database (its test database when a test asked for it)
-        LEASEJOBS_TEST_SECOND_DATABASE_NAME=str(
-            connections["leasejobs_second"].settings_dict["NAME"]
-        ),
+        LEASEJOBS_TEST_SECOND_DATABASE_NAME=second,
         LEASEJOBS_TEST_SUBPROCESS="1",
         PYTHONUNBUFFERED="1",
     )
@@ -59,6 +70,10 @@ def _mirror_alias_ready(django_db_setup: None, django_db_blocker: Any) -> None:
     with django_db_blocker.unblock():
         mirror = connections["leasejobs_mirror"]
         assert mirror.features.supports_json_field
+        # The model checks read each alias's column types; on MySQL/MariaDB (Django 6)
+        # those ask the server's version (cached on the connection): asked here, not by
+        # whichever test without database access runs checks first.
+        assert connections["default"].data_types and mirror.data_types
         mirror.close()
         # The same for the second database (tests/settings.py), set up or not: on SQLite
         # its file is in the run's temporary directory; on PostgreSQL the feature needs no
@@ -66,6 +81,11 @@ def _mirror_alias_ready(django_db_setup: None, django_db_blocker: Any) -> None:
         second = connections["leasejobs_second"]
         with contextlib.suppress(DatabaseError):
             assert second.features.supports_json_field
+            assert second.data_types
+        if second.vendor == "mysql" and "mysql_server_data" not in second.__dict__:
+            # Its database does not exist (no test of this run asked for it), so the
+            # checks could not ask its server's version: it is default's server.
+            second.__dict__["mysql_server_data"] = connections["default"].mysql_server_data
         second.close()
 
 

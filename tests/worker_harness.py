@@ -50,6 +50,11 @@ FAST_OPTIONS: dict[str, Any] = {
 }
 
 
+STARTUP_WAIT = 60.0
+"""How long ``Workers.start`` waits for ``worker_started``: about 1 s on a quiet machine,
+over 20 s seen on a loaded one two to three times slower (CI, 2026-11-29)."""
+
+
 IDLE_MAIN_LOOP = ("WITH picked AS", "SELECT CASE WHEN EXISTS")
 """The statements an idle main loop's connection ends with (``pg_stat_activity.query``):
 its claim, and after an empty claim the check whether a job under flow control is due
@@ -220,7 +225,7 @@ class Workers:
         worker = WorkerProcess(popen, events_path)
         self.started.append(worker)
         if wait_started:
-            worker.wait_for_event("worker_started")
+            worker.wait_for_event("worker_started", timeout=STARTUP_WAIT)
         self._remember_tree(worker)
         return worker
 
