@@ -425,11 +425,21 @@ def tests_dj52_sqlite(ctx: Context) -> int:
     tests=True,
 )
 def tests_dj52_mariadb_core(ctx: Context) -> int:
+    return mariadb_tests(ctx, MARIADB_CORE)
+
+
+def mariadb_tests(ctx: Context, selection: list[str]) -> int:
+    """scripts/test on MariaDB with Python 3.11 and Django 5.2: the run's pytest
+    arguments, else ``selection``. Not run when this run's `mariadb` step could not
+    provide a server."""
     if ctx.mariadb_status:
         raise NotRun("no MariaDB server")
-    selection = ctx.pytest_args or MARIADB_CORE
     return scripts_test(
-        ctx, ctx.venv311, needs(ctx.py311, "3.11"), MARIADB_URL, pytest_args=selection
+        ctx,
+        ctx.venv311,
+        needs(ctx.py311, "3.11"),
+        MARIADB_URL,
+        pytest_args=ctx.pytest_args or selection,
     )
 
 
@@ -439,13 +449,7 @@ def tests_dj52_mariadb_core(ctx: Context) -> int:
     tests=True,
 )
 def tests_dj52_mariadb(ctx: Context) -> int:
-    # Not run when this run's `mariadb` step could not provide a server.
-    if ctx.mariadb_status:
-        raise NotRun("no MariaDB server")
-    selection = ctx.pytest_args or [f"--ignore={path}" for path in MARIADB_CORE]
-    return scripts_test(
-        ctx, ctx.venv311, needs(ctx.py311, "3.11"), MARIADB_URL, pytest_args=selection
-    )
+    return mariadb_tests(ctx, [f"--ignore={path}" for path in MARIADB_CORE])
 
 
 @step(

@@ -152,20 +152,26 @@ def _quoted(text: str) -> str:
 
 def fetch_one(using: str, sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
     """Run one statement that runs again and again with the same SQL (an enqueue); return
-    its one row.
+    its one row (the cursor: :func:`_hot_cursor`)."""
+    with _hot_cursor(using) as cursor:
+        cursor.execute(sql, params)
+        return tuple(cursor.fetchone())
 
-    On PostgreSQL through psycopg 3:
+
+@contextlib.contextmanager
+def _hot_cursor(using: str) -> Iterator[Any]:
+    """The cursor of :func:`fetch_one`. On PostgreSQL through psycopg 3:
 
     * when the alias allows prepared statements (Django's
       ``DATABASES[alias]["OPTIONS"]["prepare_threshold"]``, off by default so that
-      connection poolers keep working), on a server-side binding cursor: psycopg prepares
+      connection poolers keep working), a server-side binding cursor: psycopg prepares
       the statement once it ran ``prepare_threshold`` times, and the server no longer
-      parses and plans it at each run; through Django's cursor wrapper;
+      parses and plans it at each run; wrapped by Django;
     * otherwise, when nothing hooks Django's cursors (no execute wrapper, no query log:
-      ``DEBUG`` off and no ``assertNumQueries``), on the connection's own cursor, inside
+      ``DEBUG`` off and no ``assertNumQueries``), the connection's own cursor, inside
       Django's error translation and its thread and broken-transaction checks: Django's
-      cursor wrapper costs about a quarter of an enqueue's client CPU
-      (docs/benchmarks.md, "Where enqueue()'s time goes").
+      cursor wrapper costs about 15 % of an enqueue's client CPU (docs/benchmarks.md,
+      "Issue 32's goals at ``22bef8c``").
 
     Elsewhere, Django's own cursor.
     """
@@ -178,24 +184,19 @@ def fetch_one(using: str, sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
 
             connection.validate_thread_sharing()
             factory: Any = ServerBindingCursor  # (django-stubs types it without arguments)
-            bound = factory(raw)
-            wrap = (
-                connection.make_debug_cursor
-                if connection.queries_logged
-                else connection.make_cursor
-            )
-            with wrap(bound) as cursor:
-                cursor.execute(sql, params)
-                return tuple(cursor.fetchone())
+            logged = connection.queries_logged
+            wrap = connection.make_debug_cursor if logged else connection.make_cursor
+            with wrap(factory(raw)) as cursor:
+                yield cursor
+            return
         if not connection.execute_wrappers and not connection.queries_logged:
             connection.validate_thread_sharing()
             connection.validate_no_broken_transaction()
             with connection.wrap_database_errors, connection.create_cursor() as cursor:
-                cursor.execute(sql, params)
-                return tuple(cursor.fetchone())
+                yield cursor
+            return
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return tuple(cursor.fetchone())
+        yield cursor
 
 
 ID_CHUNK = 5000

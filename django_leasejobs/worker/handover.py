@@ -54,7 +54,8 @@ class Handover:
         """A slot reported an outcome or died since the loop last looked (claim again)."""
         self.loops = pool.kind == "process"
         """``async def`` jobs run at once on the slots' event loops (process pool)."""
-        self._async_tasks: dict[int, tuple[AnyTask, bool]] = {}
+        self._async_tasks: dict[str, bool] = {}
+        """Whether each task path's task is an ``async def`` one (asked once per path)."""
 
     # -- claimed jobs in, to slots ------------------------------------------------------
 
@@ -77,7 +78,7 @@ class Handover:
             except Exception:  # a module that fails to import
                 task = None  # the slot reports the clear error; nothing is called
             running = RunningJob(job=job, task=task, started=now)
-            if self.loops and task is not None and self._is_async(task):
+            if self.loops and task is not None and self._is_async(job.task_path, task):
                 running.on_loop = True
                 on_loop += 1
             self.book.add(running)
@@ -86,14 +87,11 @@ class Handover:
             self.dispatcher.note_claimed(len(claimed), on_loop)
         self.dispatch()
 
-    def _is_async(self, task: AnyTask) -> bool:
-        """Whether ``task`` is an ``async def`` one (asked once per task object: the
-        answer does not change, and ``iscoroutinefunction`` costs a few attribute looks
-        per claimed job)."""
-        known = self._async_tasks.get(id(task))
-        if known is None or known[0] is not task:
-            known = self._async_tasks[id(task)] = (task, iscoroutinefunction(task.func))
-        return known[1]
+    def _is_async(self, task_path: str, task: AnyTask) -> bool:
+        known = self._async_tasks.get(task_path)
+        if known is None:
+            known = self._async_tasks[task_path] = iscoroutinefunction(task.func)
+        return known
 
     def dispatch(self) -> None:
         """Hand waiting jobs to slots with room; route jobs stopped while they waited.
