@@ -59,9 +59,10 @@ class Handover:
 
     # -- claimed jobs in, to slots ------------------------------------------------------
 
-    def take_claimed(self, claimed: list[ClaimedJob]) -> None:
-        """Jobs a round claimed, as the loop takes them (their local lease clock starts
-        now, as a renewal's does when it returns)."""
+    def take_claimed(self, claimed: list[ClaimedJob], claim_sent: float) -> None:
+        """Jobs a round claimed, as the loop takes them. Their local lease clock starts
+        when the claim was sent (``claim_sent``, monotonic), as a renewal's does: the
+        database counts the lease from the statement, which came no earlier."""
         now = time.monotonic()
         on_loop = 0
         for job in claimed:
@@ -71,7 +72,7 @@ class Handover:
                 if registry.is_task_path(job.task_path):
                     # Not deployed to this worker yet: give it back for one that knows it.
                     running = RunningJob(job=job, task=None, started=now)
-                    self.book.add(running)
+                    self.book.add(running, claim_sent)
                     self.recorder.record(running, Ending("unknown", str(exc)))
                     continue
                 task = None  # a malformed row: the slot reports the clear error
@@ -81,7 +82,7 @@ class Handover:
             if self.loops and task is not None and self._is_async(job.task_path, task):
                 running.on_loop = True
                 on_loop += 1
-            self.book.add(running)
+            self.book.add(running, claim_sent)
             self.book.ready.append(running)
         if self.loops:
             self.dispatcher.note_claimed(len(claimed), on_loop)

@@ -150,13 +150,13 @@ class Heartbeat(WorkerThread):
         being_written = table.being_recorded()
         started = time.monotonic()
         result = self._renew({lease: renewal.progress for lease, renewal in asked.items()})
-        now = time.monotonic()
-        took = now - started
-        # The local deadline counts from the renewal's return: the database's lease runs
-        # from the statement's start, and the deadline's margin (HEARTBEAT_INTERVAL) covers
-        # a renewal that took up to that long. Counting from the start would stop jobs on
-        # a merely slow renewal (bench/overload.py on a loaded machine did).
-        table.renewed({lease: asked[lease].generation for lease in result.held}, now)
+        took = time.monotonic() - started
+        # The local deadline counts from the moment the renewal was sent: the database
+        # counts the lease from the statement, which came no earlier. Counting from its
+        # return would credit a renewal that sat in a frozen or starved worker with time
+        # the database never gave: a job handed to a slot then could start after another
+        # worker re-claimed it (bench/chaos.py's stale start after a SIGSTOP).
+        table.renewed({lease: asked[lease].generation for lease in result.held}, started)
         if took > SLOW_ROUND_SHARE * self.ctx.options.lease_duration:
             inbox.post(RenewalWasSlow(took))
         for lease in result.lost:

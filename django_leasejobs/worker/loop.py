@@ -376,7 +376,7 @@ class Worker:
             idle = self.rounds.claimed(len(claimed), plan.claim_limit, listening=self.listening)
             if idle is not None:
                 self.reporter.idle(idle, listening=self.listening)
-            self.handover.take_claimed(claimed)
+            self.handover.take_claimed(claimed, result.claim_sent)
 
     def _pace(self, took: float, what: str) -> None:
         """Claim less while rounds or renewals are slow (``dispatch.SLOW_ROUND_SHARE``)."""

@@ -19,6 +19,7 @@ This module only calls the lease protocol; it knows nothing of slots or signals.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -129,6 +130,8 @@ class RoundResult:
     unclaimed: frozenset[Lease] | None = None
     deferred: leases.Deferred | None = None
     claimed: list[ClaimedJob] | None = None
+    claim_sent: float = 0.0
+    """When (monotonic) the claim was sent: the claimed leases count from no earlier."""
     flow_held: bool = False
     """Flow limits held due jobs back in this round's claim."""
     next_due: float | None = None
@@ -305,6 +308,7 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
             worker, unknown, grace=ctx.unknown_task_grace, using=using
         )
     if plan.claim_limit > 0:
+        result.claim_sent = time.monotonic()
         claimed = leases.claim_round(
             worker,
             limit=plan.claim_limit,

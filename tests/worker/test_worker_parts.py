@@ -154,7 +154,7 @@ def _finished(book: JobBook, recorder: Recorder, job_id: int, now: float) -> Run
         checkpoint=None,
     )
     running = RunningJob(job=job, task=None, started=now)
-    book.add(running)
+    book.add(running, now)
     recorder.record(running, Outcome(job.lease, ok=True, result=3))
     return running
 

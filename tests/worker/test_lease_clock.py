@@ -1,0 +1,92 @@
+"""The worker's local lease clock counts from when a statement was sent, never later.
+
+The database counts a lease from the statement that claimed or renewed it. The worker
+cannot know when that statement ran, only that it ran after it was sent: so the local
+clock that decides whether a job may still start (``JobSpec.start_by``) or must be
+stopped (the watchdog) counts from the send. Counted from the return, a renewal or claim
+that sat in a frozen or starved worker would credit time the database never gave, and a
+job handed over after the freeze could start after another worker re-claimed it
+(bench/chaos.py saw that once: a "stale start" after a SIGSTOP).
+
+Each test records, in an execute wrapper, when the statement was handed to the driver,
+and checks that the lease table's time is no later.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_leasejobs import leases
+from django_leasejobs.worker import Worker, WorkerConfig
+from django_leasejobs.worker.heartbeat import Heartbeat
+from django_leasejobs.worker.rounds import RoundContext, RoundPlan, run_round
+from tests import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def worker() -> Iterator[Worker]:
+    worker = Worker(WorkerConfig(pool="thread", concurrency=1, worker_id="clock-worker"))
+    worker.registration.register()
+    yield worker
+    worker.inbox.close()
+
+
+class FirstJobStatement:
+    """When (monotonic) the first statement on the job table was handed to the driver."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        if self.at is None and "leasejobs_job" in sql:
+            self.at = time.monotonic()
+        return execute(sql, params, many, context)
+
+
+def test_a_renewal_counts_from_when_it_was_sent(worker: Worker) -> None:
+    tasks.add.enqueue(1, 2)
+    (claimed,) = leases.claim(worker.worker_id, limit=1, lease_duration=60)
+    table = worker.book.table
+    before = time.monotonic()
+    table.add(claimed.lease, before)
+    statement = FirstJobStatement()
+    heartbeat = Heartbeat(worker.thread_context(), threading.Event())
+    with connection.execute_wrapper(statement):
+        heartbeat.tick(beat=True, reap=False)
+    returned = time.monotonic()
+    assert statement.at is not None
+    renewed_at = table.renewed_at(claimed.lease)
+    # Renewed (the clock moved), and credited no later than the statement was sent.
+    assert before < renewed_at <= statement.at < returned
+
+
+def test_claimed_leases_count_from_when_the_claim_was_sent(worker: Worker) -> None:
+    tasks.add.enqueue(1, 2)
+    ctx = RoundContext(
+        worker_id=worker.worker_id,
+        database="default",
+        backend="default",
+        queues=None,
+        lease_duration=60.0,
+    )
+    statement = FirstJobStatement()
+    with connection.execute_wrapper(statement):
+        result = run_round(RoundPlan(claim_limit=1), ctx)
+    assert result.error is None
+    assert result.claimed is not None
+    (claimed,) = result.claimed
+    assert statement.at is not None
+    assert 0 < result.claim_sent <= statement.at
+    worker.pool.free_slots = lambda: 0  # type: ignore[method-assign]  # it waits for a slot
+    worker.handover.take_claimed(result.claimed, result.claim_sent)
+    assert worker.book.table.renewed_at(claimed.lease) == result.claim_sent
