@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 from django.conf import settings
@@ -15,7 +15,14 @@ from django.utils.dateparse import parse_datetime
 from ..limits import FlowRules
 from ..retry import backoff_problems
 from .claim_write import CLAIM_COLUMNS, RETURNING, claim_set
-from .dialect import Dialect, dialect, placeholders, retry_deadlocks
+from .dialect import (
+    Dialect,
+    dialect,
+    django_zone,
+    native_timestamps,
+    placeholders,
+    retry_deadlocks,
+)
 from .fenced import lock_update_read
 from .flow import flow_claim, flow_lane_due, paused_condition
 from .rules import cancel_wins
@@ -23,6 +30,9 @@ from .values import ClaimedJob, ClaimRound
 from .workflow_ops import parents_of_steps
 
 _PRIORITY = CLAIM_COLUMNS.index("priority")
+_ENQUEUED_AT = CLAIM_COLUMNS.index("enqueued_at")
+_SNOOZES = CLAIM_COLUMNS.index("snoozes")
+"""The claim's datetime columns: ``enqueued_at`` up to ``snoozes``, and ``run_after`` last."""
 NO_RULES = FlowRules()
 CLAIM_ORDER = "priority DESC, run_after, id"
 """The claim order: priority (high first), then ``run_after``, then id."""
@@ -205,13 +215,26 @@ def _claim_main_lane(
     if d.batched:
         columns = ", ".join(d.q(c) for c in RETURNING)
         with connections[d.using].cursor() as cursor:
+            native_timestamps(cursor)
             cursor.execute(
                 f"WITH picked AS ({pick}) UPDATE {d.jobs} AS j SET {set_list} "  # noqa: S608 - identifiers quoted, values bound
                 "WHERE j.id IN (SELECT id FROM picked) AND j.status = 'pending' "
                 f"RETURNING {columns}",
                 [*pick_params, *set_params],
             )
-            return [tuple(row) for row in cursor.fetchall()]
+            rows = cursor.fetchall()
+        if d.vendor != "postgresql":
+            return [tuple(row) for row in rows]
+        zone = django_zone(d.using)
+        return [
+            (
+                *row[:_ENQUEUED_AT],
+                *(_in_zone(v, zone) for v in row[_ENQUEUED_AT:_SNOOZES]),
+                *row[_SNOOZES:-1],
+                _in_zone(row[-1], zone),
+            )
+            for row in rows
+        ]
     lock = (pick, pick_params)
     update = (set_list, "j.status = 'pending'", set_params)
     return retry_deadlocks(d.using, lambda: lock_update_read(d, lock, update, RETURNING))
@@ -365,9 +388,23 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, (str, bytes)) else value
 
 
+def _in_zone(value: datetime | None, zone: tzinfo | None) -> datetime | None:
+    """A PostgreSQL datetime read by :func:`native_timestamps`, as Django reads it."""
+    return None if value is None else value.replace(tzinfo=zone)
+
+
+def datetime_reader(d: Dialect) -> Callable[[Any], datetime | None]:
+    """How to read a datetime column of a statement run on ``d``'s fenced path
+    (``fenced.batched`` reads them with :func:`native_timestamps`)."""
+    if d.vendor != "postgresql":
+        return as_datetime
+    zone = django_zone(d.using)
+    return lambda value: _in_zone(value, zone)
+
+
 def as_datetime(value: Any) -> datetime | None:
     """A datetime column read through a raw cursor (SQLite gives text, MySQL a naive
-    datetime, both in UTC; PostgreSQL an aware datetime)."""
+    datetime, both in UTC; PostgreSQL a datetime as Django reads it)."""
     if value is None:
         return None
     parsed = value if isinstance(value, datetime) else parse_datetime(str(value))

@@ -13,7 +13,7 @@ from django.db import connections
 
 from ..models import Dependency, Job, JobStatus
 from . import fanin
-from .dialect import dialect, fetch_one, placeholders
+from .dialect import dialect, django_zone, fetch_one, placeholders
 from .values import NewJob
 
 _INSERT_COLUMNS = (
@@ -143,7 +143,7 @@ def insert_job(job: NewJob, *, notify: str, using: str = "default") -> tuple[int
     params = [value for value in values if value is not None]
     params.append(notify)
     job_id, enqueued_at, _ = fetch_one(using, _insert_notify_sql(using, unset), params)
-    return int(job_id), enqueued_at
+    return int(job_id), enqueued_at.replace(tzinfo=django_zone(using))
 
 
 @functools.lru_cache(maxsize=256)

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from ..exceptions import LeaseLost
-from .dialect import Dialect, placeholders, retry_deadlocks
+from .dialect import Dialect, native_timestamps, placeholders, retry_deadlocks
 
 HELD = "locked_by = %s AND status = 'running'"
 """The rows a worker holds (its leases), whatever the attempt: one parameter."""
@@ -52,6 +52,7 @@ def batched(
     )
     columns = ", ".join(d.q(c) for c in ("id", "attempt", *returning))
     with connections[d.using].cursor() as cursor:
+        native_timestamps(cursor)  # (the caller reads datetimes with datetime_reader)
         if not d.row_locks:
             cursor.execute(
                 f"{update}AND j.status = 'running' RETURNING {columns}", [*params, worker_id]

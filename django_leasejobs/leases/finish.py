@@ -11,7 +11,7 @@ from django.db import connections, transaction
 
 from ..exceptions import LeaseLost, RowLocked
 from ..models import AttemptOutcome, JobStatus
-from .claim import as_datetime
+from .claim import datetime_reader
 from .dependants import EndedStep, settle_and_notify, steps_of
 from .dialect import Dialect, dialect, placeholders, retry_deadlocks
 from .fenced import Rows, SetList, update_one, write
@@ -79,10 +79,11 @@ def complete_many(
 
         retry_deadlocks(d.using, settle_late)
     succeeded = str(JobStatus.SUCCEEDED)
+    when = datetime_reader(d)
     return WriteResult(
         {(int(job), int(attempt)): succeeded for job, attempt, _, _ in rows},
         skipped,
-        {(int(job), int(attempt)): as_datetime(finished) for job, attempt, finished, _ in rows},
+        {(int(job), int(attempt)): when(finished) for job, attempt, finished, _ in rows},
     )
 
 
@@ -282,10 +283,11 @@ def _end_attempts(
         return rows, skipped
 
     rows, skipped = retry_deadlocks(d.using, end)
+    when = datetime_reader(d)
     return WriteResult(
         {(int(job), int(attempt)): str(status) for job, attempt, status, *_ in rows},
         skipped,
-        {(int(row[0]), int(row[1])): as_datetime(row[4]) for row in rows},
+        {(int(row[0]), int(row[1])): when(row[4]) for row in rows},
     )
 
 
