@@ -179,10 +179,11 @@ def native_timestamps(cursor: Any) -> None:
     psycopg's C loader, where there is one (PostgreSQL through psycopg 3 with its C or
     binary implementation; elsewhere nothing changes).
 
-    Django registers a loader of its own (a Python subclass of psycopg's, which psycopg
-    cannot swap for its C twin): about 3.5 µs a value against 0.4, and a claim reads four
-    per job, its completion one more (docs/benchmarks.md, "Issue 32 at ``00270a8``").
-    Both parse the same text; Django's then sets its zone. The values read here come
+    Django 5.2 registers a loader of its own (a Python subclass of psycopg's, which
+    psycopg cannot swap for its C twin): 3.3 µs a value against 0.4 (Django 6 wraps the
+    C loader: 0.75), and a claim reads four per job, its completion one more
+    (docs/benchmarks.md, "Issue 32 at ``00270a8`` and ``a6d05cd``"). Both parse the
+    same text; Django's then sets its zone. The values read here come
     aware, in the session's time zone, which Django set to its own: give each
     :func:`django_zone`, as Django's loader does. Only for this cursor: every other
     query of the connection reads as Django reads it.
