@@ -13,15 +13,13 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import connection
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -30,6 +28,7 @@ from django_leasejobs.compat import task_backends
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus, WorkerState
 from django_leasejobs.models import Worker as WorkerRow
 from tests import tasks_worker, tasks_worker_flow
+from tests.freezing import freeze
 from tests.tasks_worker_flow import read_lines
 from tests.waiting import wait_until
 from tests.worker_harness import IDLE_MAIN_LOOP, WorkerProcess, Workers, pid_alive
@@ -108,53 +107,6 @@ def drain_with_two_workers(workers: Workers, marker_dir: str, count: int, pool: 
         assert pids == worker_pids  # threads run inside the worker process
     else:
         assert pids.isdisjoint(worker_pids)  # slots are child processes
-
-
-def job_row_lock_is_free(job_id: int) -> bool:
-    """True when no other connection holds the job's row lock (SQLite: the write lock)."""
-    if connection.vendor == "sqlite":
-        probe = sqlite3.connect(connection.settings_dict["NAME"], timeout=0.2)
-        try:
-            probe.execute("BEGIN IMMEDIATE")
-            probe.execute("ROLLBACK")
-            return True
-        except sqlite3.OperationalError:
-            return False
-        finally:
-            probe.close()
-    try:
-        with transaction.atomic():
-            list(Job.objects.select_for_update(nowait=True).filter(pk=job_id).values_list("pk"))
-        return True
-    except DatabaseError:
-        return False
-
-
-def process_status(pid: int) -> str:
-    try:
-        return psutil.Process(pid).status()
-    except psutil.NoSuchProcess:
-        return "gone"
-
-
-def freeze(worker: WorkerProcess, job_id: int) -> None:
-    """SIGSTOP the worker, at a moment when it is not in the middle of a write on the job."""
-    for _ in range(20):
-        worker.signal(signal.SIGSTOP)
-        wait_until(
-            lambda: process_status(worker.pid) == psutil.STATUS_STOPPED,
-            timeout=10,
-            what="the worker to stop",
-        )
-        if job_row_lock_is_free(job_id):
-            return
-        worker.signal(signal.SIGCONT)  # frozen inside a write: let it finish, try again
-        wait_until(
-            lambda: process_status(worker.pid) != psutil.STATUS_STOPPED,
-            timeout=10,
-            what="the worker to continue",
-        )
-    raise AssertionError("could not freeze the worker outside of a write")
 
 
 # --------------------------------------------------------------------------- throughput

@@ -18,7 +18,6 @@ import os
 import selectors
 import signal
 import socket
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ from django_leasejobs.leases import CancelResult
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
 from testproject.embedded_db import settings_to_database_url
 from tests import tasks_worker, tasks_worker_faults
+from tests.freezing import freeze
 from tests.waiting import wait_until
 from tests.worker_harness import WorkerProcess, Workers, pid_alive
 
@@ -152,66 +152,6 @@ def wait_status(job_id: Any, status: str, timeout: float = 15.0) -> Job:
 
 def db_now() -> datetime:
     return leases.database_now()
-
-
-def _sqlite_write_lock_free() -> bool:
-    """True when no other connection holds the SQLite database's write lock right now."""
-    probe = sqlite3.connect(connection.settings_dict["NAME"], timeout=0.3, isolation_level=None)
-    try:
-        probe.execute("BEGIN IMMEDIATE")
-        probe.execute("ROLLBACK")
-        return True
-    except sqlite3.OperationalError:
-        return False
-    finally:
-        probe.close()
-
-
-def freeze(worker: WorkerProcess, job_id: Any) -> None:
-    """SIGSTOP the worker process itself (not its slots, which keep running).
-
-    On SQLite a process stopped in the middle of a write transaction (its reaper's, say)
-    would keep the database's write lock for as long as it is stopped, and the test
-    could not write: thaw it and try again until it stops outside of one. After each
-    thaw, wait until the worker renewed the lease of its job ``job_id``: stopped again
-    and again before it could renew, its lease would expire and its own reaper would
-    take the job back (seen once in CI under load). PostgreSQL needs no such care: the
-    worker's statements run in autocommit and lock no job row outside of a statement.
-    """
-    for _ in range(50):
-        os.kill(worker.pid, signal.SIGSTOP)
-        wait_until(
-            lambda: psutil.Process(worker.pid).status() == psutil.STATUS_STOPPED,
-            5,
-            interval=0.01,
-            what="the worker to stop",
-        )
-        if connection.vendor != "sqlite" or _sqlite_write_lock_free():
-            return
-        os.kill(worker.pid, signal.SIGCONT)
-        wait_until(
-            lambda: psutil.Process(worker.pid).status() != psutil.STATUS_STOPPED,
-            5,
-            interval=0.01,
-            what="the worker to resume",
-        )
-        before = _lease_end(job_id)
-        wait_until(
-            lambda before=before: _renewed_after(job_id, before),
-            10,
-            what=f"the worker to renew the lease of job {job_id} after the thaw",
-        )
-    raise AssertionError("could not stop the worker outside of a write transaction")
-
-
-def _lease_end(job_id: Any) -> Any:
-    return Job.objects.filter(pk=job_id).values_list("locked_until", flat=True).first()
-
-
-def _renewed_after(job_id: Any, before: Any) -> bool:
-    """The job's lease now ends later than ``before`` (a renewal came since)."""
-    now = _lease_end(job_id)
-    return now is not None and before is not None and now > before
 
 
 def wait_lease_expired(job_id: Any, timeout: float) -> None:
