@@ -8,7 +8,7 @@ reap pass; these tests record, for each statement, whether it ran inside a trans
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -21,18 +21,10 @@ from django_leasejobs.models import Job, JobStatus
 from django_leasejobs.models import Worker as WorkerRow
 from django_leasejobs.signals import job_reaped
 from django_leasejobs.worker.heartbeat import IDLE_TOUCH_BEATS, Heartbeat
-from django_leasejobs.worker.loop import Worker, WorkerConfig
+from django_leasejobs.worker.loop import Worker
 from tests import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def worker() -> Iterator[Worker]:
-    worker = Worker(WorkerConfig(pool="thread", concurrency=1, worker_id="tick-worker"))
-    worker.registration.register()
-    yield worker
-    worker.inbox.close()
 
 
 class Statements:

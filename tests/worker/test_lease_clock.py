@@ -16,27 +16,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.db import connection
 
 from django_leasejobs import leases
-from django_leasejobs.worker import Worker, WorkerConfig
+from django_leasejobs.worker import Worker
 from django_leasejobs.worker.heartbeat import Heartbeat
 from django_leasejobs.worker.rounds import RoundContext, RoundPlan, run_round
 from tests import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def worker() -> Iterator[Worker]:
-    worker = Worker(WorkerConfig(pool="thread", concurrency=1, worker_id="clock-worker"))
-    worker.registration.register()
-    yield worker
-    worker.inbox.close()
 
 
 class FirstJobStatement:
