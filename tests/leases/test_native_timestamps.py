@@ -18,7 +18,7 @@ from django.test import override_settings
 
 from django_leasejobs import leases
 from django_leasejobs.leases.dialect import _native_timestamptz_loader, native_timestamps
-from django_leasejobs.leases.values import Completion, NewJob
+from django_leasejobs.leases.values import Completion
 from django_leasejobs.models import Job
 from tests import tasks
 
@@ -76,20 +76,13 @@ def test_without_use_tz_a_site_time_zone_is_the_wall_clock() -> None:
     claim_and_complete()
 
 
-def test_insert_job_returns_enqueued_at_as_django_does() -> None:
-    new = NewJob(
-        backend="default",
-        queue="default",
-        task_path="tests.tasks.add",
-        args=[1, 2],
-        kwargs={},
-        priority=0,
-        max_attempts=1,
-        max_stalls=1,
-        timeout=None,
-        key=None,
-        retry_backoff=None,
-        run_after=None,
-    )
-    job_id, enqueued_at = leases.insert_job(new, notify=leases.NOTIFY_CHANNEL)
-    same(enqueued_at, Job.objects.get(pk=job_id).enqueued_at)
+def test_enqueue_returns_enqueued_at_as_django_does() -> None:
+    # On PostgreSQL a plain enqueue is ``leases.insert_job``: its row and NOTIFY in one
+    # statement, the one whose enqueued_at the TaskResult carries.
+    result = tasks.add.enqueue(1, 2)
+    same(result.enqueued_at, Job.objects.get(pk=int(result.id)).enqueued_at)
+
+
+@override_settings(USE_TZ=False, TIME_ZONE="Asia/Kathmandu")
+def test_without_use_tz_enqueue_returns_the_naive_wall_clock() -> None:
+    test_enqueue_returns_enqueued_at_as_django_does()
