@@ -115,6 +115,7 @@ TARGET_DRAIN_VS_FLOOR = 0.33
 TARGET_ENQUEUE_VS_INSERT = 0.8
 FLOOR_BATCH = 64
 PREPARED_ROW = "single enqueue(), prepare_threshold 5"
+UNPREPARED_BARE_ROW = "bare INSERT, never prepared"
 
 
 class BenchError(Exception):
@@ -1156,9 +1157,15 @@ def floor_drain_on(conn: Any, backend: str, queue: str) -> dict[str, Any]:
     return {"jobs": done, "seconds": seconds, "jobs_per_s": done / seconds if seconds else None}
 
 
-def bare_inserts(backend: str, queue: str, task_path: str, jobs: int) -> dict[str, Any]:
-    """A bare psycopg ``INSERT ... RETURNING`` of a no-op job's row, one transaction each."""
+def bare_inserts(
+    backend: str, queue: str, task_path: str, jobs: int, *, prepared: bool = True
+) -> dict[str, Any]:
+    """A bare psycopg ``INSERT ... RETURNING`` of a no-op job's row, one transaction each;
+    prepared after five runs (psycopg's default), or with ``prepared=False`` never
+    (``prepare_threshold`` None: Django's default connection settings)."""
     with _raw_connection() as conn:
+        if not prepared:
+            conn.prepare_threshold = None
         started = time.perf_counter()
         for _ in range(jobs):
             conn.execute(BARE_INSERT, [backend, queue, task_path, "[]", "{}"]).fetchone()
@@ -1213,9 +1220,11 @@ def measure_ceiling(ctx: Context) -> None:
             raise BenchError(f"the floor drained {figures['jobs']} of {jobs} jobs")
         return figures
 
-    def bare() -> dict[str, Any]:
+    def bare(prepared: bool = True) -> dict[str, Any]:
         truncate([system])
-        figures = bare_inserts(task.backend, task.queue_name, task.module_path, jobs)
+        figures = bare_inserts(
+            task.backend, task.queue_name, task.module_path, jobs, prepared=prepared
+        )
         truncate([system])
         return figures
 
@@ -1228,6 +1237,7 @@ def measure_ceiling(ctx: Context) -> None:
     steps: list[tuple[str, Callable[[], dict[str, Any]], Callable[[dict[str, Any]], str]]] = [
         ("python floor drain", floor, lambda f: f"{fmt_rate(f['jobs_per_s'])} jobs/s"),
         ("bare INSERT", bare, lambda f: f"{fmt_rate(f['per_s'])}/s"),
+        (UNPREPARED_BARE_ROW, lambda: bare(False), lambda f: f"{fmt_rate(f['per_s'])}/s"),
         ("single enqueue()", enqueue, lambda f: f"{fmt_rate(f['per_s'])}/s"),
         (PREPARED_ROW, lambda: enqueue(5), lambda f: f"{fmt_rate(f['per_s'])}/s"),
     ]
@@ -1599,6 +1609,7 @@ def summarize_ceiling(ctx: Context) -> Section:
     rows = ctx.rows("ceiling")
     floor = med(find_row(rows, "leasejobs", "python floor drain"), "jobs_per_s")
     bare = med(find_row(rows, "leasejobs", "bare INSERT"), "per_s")
+    unprepared = med(find_row(rows, "leasejobs", UNPREPARED_BARE_ROW), "per_s")
     single = med(find_row(rows, "leasejobs", "single enqueue()"), "per_s")
     prepared = med(find_row(rows, "leasejobs", PREPARED_ROW), "per_s")
     table = [
@@ -1612,6 +1623,11 @@ def summarize_ceiling(ctx: Context) -> Section:
             table.append([row["row"], fmt_rate(rate), fmt_ratio(ratio(rate, floor))])
     table += [
         ["bare psycopg INSERT ... RETURNING, one transaction each", fmt_rate(bare), "reference"],
+        [
+            "the same, never prepared (Django's default connection settings)",
+            fmt_rate(unprepared),
+            fmt_ratio(ratio(unprepared, bare)),
+        ],
         [
             "single `enqueue()`, one transaction each",
             fmt_rate(single),
@@ -1653,7 +1669,9 @@ def summarize_ceiling(ctx: Context) -> Section:
             "The target is judged with Django's defaults, which turn prepared statements "
             "off for connection poolers; the bare INSERT gets them from psycopg. With the "
             "alias's `prepare_threshold` set (a site on a direct connection may), "
-            f"`enqueue()` is prepared too: {fmt_ratio(ratio(prepared, bare))} the bare INSERT."
+            f"`enqueue()` is prepared too: {fmt_ratio(ratio(prepared, bare))} the bare INSERT.",
+            "Against the bare INSERT on Django's default connection settings (never "
+            f"prepared, as `enqueue()` is by default): {fmt_ratio(ratio(single, unprepared))}.",
         ],
     )
 

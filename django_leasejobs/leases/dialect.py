@@ -20,6 +20,7 @@ import contextlib
 import functools
 import random
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import tzinfo
@@ -153,12 +154,77 @@ def _quoted(text: str) -> str:
 
 def fetch_one(using: str, sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
     """Run one statement that runs again and again with the same SQL (an enqueue); return
-    its one row (the cursor: :func:`_hot_cursor`; its ``timestamptz`` columns as
-    :func:`native_timestamps` reads them: give them :func:`django_zone`)."""
-    with _hot_cursor(using) as cursor:
+    its one row, its ``timestamptz`` columns as :func:`native_timestamps` reads them (give
+    them :func:`django_zone`).
+
+    On PostgreSQL through psycopg 3, when nothing hooks Django's cursors (no execute
+    wrapper, no query log: ``DEBUG`` off and no ``assertNumQueries``), the statement runs
+    on one psycopg cursor kept for the connection (:func:`_kept_cursor`), inside Django's
+    health check, error translation, and thread and broken-transaction checks: a cursor
+    made for each statement, and Django's wrapper around it, cost about a quarter of an
+    enqueue's client CPU (docs/benchmarks.md, "Issue 32's enqueue at ``HEAD``"). Elsewhere,
+    or hooked, Django's own cursor.
+    """
+    connection = connections[using]
+    if (
+        connection.vendor == "postgresql"
+        and not connection.execute_wrappers
+        and not connection.queries_logged
+    ):
+        connection.close_if_health_check_failed()
+        connection.ensure_connection()
+        connection.validate_thread_sharing()
+        connection.validate_no_broken_transaction()
+        with connection.wrap_database_errors:
+            cursor = _kept_cursor(connection)
+            if cursor is not None:
+                cursor.execute(sql, params)
+                return tuple(cursor.fetchone())
+    with connection.cursor() as cursor:
         native_timestamps(cursor)
         cursor.execute(sql, params)
         return tuple(cursor.fetchone())
+
+
+@dataclass
+class _KeptCursor:
+    """A psycopg cursor kept for one Django connection (see :func:`_kept_cursor`)."""
+
+    raw: Any
+    """The psycopg connection the cursor belongs to: Django opens a new one after a
+    close (``CONN_MAX_AGE``, a failed health check), and the cursor goes with the old."""
+    cursor: Any
+
+
+_kept: weakref.WeakKeyDictionary[Any, _KeptCursor] = weakref.WeakKeyDictionary()
+
+
+def _kept_cursor(connection: Any) -> Any:
+    """The cursor :func:`fetch_one` reuses on ``connection`` (Django's, connected), made on
+    first use and after each reconnection; None on psycopg 2.
+
+    It binds its parameters on the server (psycopg's plain ``Cursor``), as a bare
+    psycopg statement does, whatever ``server_side_binding`` says for Django's cursors:
+    the statements run here are plain INSERTs whose parameters all have a column or a
+    function argument to type them. Binding on the server also lets psycopg prepare the
+    statement where the site allows it (``OPTIONS["prepare_threshold"]``; Django's
+    default, None, prepares nothing, so that connection poolers keep working). Django's
+    connections belong to one thread each, and so does the cursor.
+    """
+    raw = connection.connection
+    kept = _kept.get(connection)
+    if kept is not None and kept.raw is raw and not kept.cursor.closed:
+        return kept.cursor
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    if not is_psycopg3:
+        return None
+    import psycopg
+
+    cursor = psycopg.Cursor(raw)
+    native_timestamps(cursor)
+    _kept[connection] = _KeptCursor(raw=raw, cursor=cursor)
+    return cursor
 
 
 @functools.cache
@@ -200,47 +266,6 @@ def django_zone(using: str) -> tzinfo | None:
     without ``USE_TZ``, when they are naive)."""
     zone: tzinfo | None = connections[using].timezone
     return zone
-
-
-@contextlib.contextmanager
-def _hot_cursor(using: str) -> Iterator[Any]:
-    """The cursor of :func:`fetch_one`. On PostgreSQL through psycopg 3:
-
-    * when the alias allows prepared statements (Django's
-      ``DATABASES[alias]["OPTIONS"]["prepare_threshold"]``, off by default so that
-      connection poolers keep working), a server-side binding cursor: psycopg prepares
-      the statement once it ran ``prepare_threshold`` times, and the server no longer
-      parses and plans it at each run; wrapped by Django;
-    * otherwise, when nothing hooks Django's cursors (no execute wrapper, no query log:
-      ``DEBUG`` off and no ``assertNumQueries``), the connection's own cursor, inside
-      Django's error translation and its thread and broken-transaction checks: Django's
-      cursor wrapper costs about 15 % of an enqueue's client CPU (docs/benchmarks.md,
-      "Issue 32's goals at ``22bef8c``").
-
-    Elsewhere, Django's own cursor.
-    """
-    connection = connections[using]
-    if connection.vendor == "postgresql":
-        connection.ensure_connection()
-        raw = connection.connection
-        if getattr(raw, "prepare_threshold", None) is not None:
-            from django.db.backends.postgresql.base import ServerBindingCursor
-
-            connection.validate_thread_sharing()
-            factory: Any = ServerBindingCursor  # (django-stubs types it without arguments)
-            logged = connection.queries_logged
-            wrap = connection.make_debug_cursor if logged else connection.make_cursor
-            with wrap(factory(raw)) as cursor:
-                yield cursor
-            return
-        if not connection.execute_wrappers and not connection.queries_logged:
-            connection.validate_thread_sharing()
-            connection.validate_no_broken_transaction()
-            with connection.wrap_database_errors, connection.create_cursor() as cursor:
-                yield cursor
-            return
-    with connection.cursor() as cursor:
-        yield cursor
 
 
 ID_CHUNK = 5000

@@ -5,6 +5,7 @@ checked, the encoding of a call without arguments."""
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -381,3 +382,40 @@ def test_a_database_error_is_djangos_and_breaks_the_atomic_block() -> None:
         holder.close()
     tasks.add.enqueue(5, 6)  # the connection works once the block rolled back
     assert Job.objects.count() == 1
+
+
+@POSTGRES_ONLY
+@pytest.mark.django_db(transaction=True)
+def test_the_kept_cursor_follows_a_reconnection() -> None:
+    """The enqueue's cursor is kept per connection: after Django closes the connection
+    (``CONN_MAX_AGE``, a failed health check) the next enqueue runs on the new one."""
+    first = tasks.add.enqueue(1, 2)
+    server_process = connection.connection.info.backend_pid
+    connection.close()
+    second = tasks.add.enqueue(3, 4)
+    assert connection.connection.info.backend_pid != server_process
+    assert int(second.id) > int(first.id)
+    assert Job.objects.count() == 2
+
+
+@POSTGRES_ONLY
+@pytest.mark.django_db(transaction=True)
+def test_each_thread_enqueues_on_its_own_connection() -> None:
+    tasks.add.enqueue(1, 2)
+    main_process = connection.connection.info.backend_pid
+    seen: list[int] = []
+
+    def enqueue_in_thread() -> None:
+        try:
+            tasks.add.enqueue(3, 4)
+            seen.append(connection.connection.info.backend_pid)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=enqueue_in_thread)
+    thread.start()
+    thread.join()
+    assert len(seen) == 1 and seen[0] != main_process
+    tasks.add.enqueue(5, 6)
+    assert connection.connection.info.backend_pid == main_process
+    assert Job.objects.count() == 3
