@@ -89,17 +89,33 @@ class Outcome:
     """An ``async def`` job that ended on a ``CancelledError`` (the slot's way to stop it)."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # One per job through a slot's pipe: a tuple pickles faster than the default.
+        # One per job through a slot's pipe: a tuple pickles faster than the default, and
+        # the default verdict (every success's) goes as None, not as a dataclass's state.
         fields = (
             self.lease,
             self.ok,
             self.result,
             self.error,
-            self.verdict,
+            None if self.verdict is RETRIED else self.verdict,
             self.duration,
             self.cancelled,
         )
-        return (Outcome, fields)
+        return (_unpickled_outcome, fields)
+
+
+def _unpickled_outcome(
+    lease: tuple[int, int],
+    ok: bool,
+    result: Any,
+    error: ErrorInfo | None,
+    verdict: Verdict | None,
+    duration: float,
+    cancelled: bool,
+) -> Outcome:
+    """An :class:`Outcome` from its pickled fields (``verdict`` None: :data:`RETRIED`)."""
+    return Outcome(
+        lease, ok, result, error, RETRIED if verdict is None else verdict, duration, cancelled
+    )
 
 
 ProgressSink = Callable[[tuple[int, int], float | None, str | None], None]

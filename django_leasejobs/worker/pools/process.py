@@ -11,6 +11,7 @@ import contextlib
 import math
 import multiprocessing
 import os
+import pickle
 import select
 import signal
 import threading
@@ -31,6 +32,7 @@ from ..child import (
     MSG_OUTCOME,
     MSG_PROGRESS,
     MSG_READY,
+    PICKLE_PROTOCOL,
     SEEN,
     SLOT_VALUES,
     START_NS,
@@ -271,7 +273,7 @@ class ProcessPool:
             with slot.state.lock:
                 slot.state.values[LIMIT] = slot.next_seq - 1
         with contextlib.suppress(OSError):  # it died: its sentinel says so; nothing started
-            slot.conn.send(batch)
+            slot.conn.send_bytes(pickle.dumps(batch, PICKLE_PROTOCOL))
         return idle
 
     def waitables(self) -> list[int]:
