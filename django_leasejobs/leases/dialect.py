@@ -162,8 +162,8 @@ def fetch_one(using: str, sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
     on one psycopg cursor kept for the connection (:func:`_kept_cursor`), inside Django's
     health check, error translation, and thread and broken-transaction checks: a cursor
     made for each statement, and Django's wrapper around it, cost about a quarter of an
-    enqueue's client CPU (docs/benchmarks.md, "Issue 32's enqueue at ``HEAD``"). Elsewhere,
-    or hooked, Django's own cursor.
+    enqueue's client CPU (docs/benchmarks.md, "Issue 32 at ``7c3b1dd`` and ``8cd4d1b``").
+    Elsewhere, or hooked, Django's own cursor.
     """
     connection = connections[using]
     if (
