@@ -57,7 +57,7 @@ PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 """The messages between a worker and its slots are our own plain values (JSON results,
 error texts, tuples of them): plain pickle, without multiprocessing's picklers, which
 copy a table of extra reducers for every message and look each object up in it (a
-quarter to a half of a small message's cost)."""
+third to a half of a message's cost)."""
 
 RING_AFTER = 0.002
 """A job that ran at least this long rings the bell when it ends (a wake-up per job
