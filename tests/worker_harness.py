@@ -50,6 +50,13 @@ FAST_OPTIONS: dict[str, Any] = {
 }
 
 
+PREFETCHING_OPTIONS: dict[str, Any] = {"LEASE_DURATION": 10.0}
+"""For a test that needs the worker to prefetch: a worker claims for its free slots only
+while a database round takes over a tenth of ``LEASE_DURATION``
+(``dispatch.SLOW_ROUND_SHARE``), and on a loaded CI machine SQLite rounds took 0.22 to
+0.25 s, over the 0.2 s of ``FAST_OPTIONS``' 2 s leases (2026-11-29)."""
+
+
 STARTUP_WAIT = 60.0
 """How long ``Workers.start`` waits for ``worker_started``: about 1 s on a quiet machine,
 over 20 s seen on a loaded one two to three times slower (CI, 2026-11-29)."""

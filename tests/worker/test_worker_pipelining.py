@@ -39,7 +39,7 @@ from django_leasejobs.worker.pools.frames import Frames
 from tests import tasks_worker, tasks_worker_flow
 from tests.tasks_worker_flow import read_lines
 from tests.waiting import wait_until
-from tests.worker_harness import Workers, pid_alive
+from tests.worker_harness import PREFETCHING_OPTIONS, Workers, pid_alive
 
 Lease = tuple[int, int]
 
@@ -480,7 +480,7 @@ def test_jobs_taken_back_and_given_back_were_never_announced(
     unused). They never started, so nothing announced a start for them: every attempt
     that ran is announced once (``job_started`` feeds the metrics, which must match the
     attempts in the database), and no attempt that did not run is announced."""
-    worker = workers.start(args=["--concurrency", "1", "--pool", pool])
+    worker = workers.start(options=PREFETCHING_OPTIONS, args=["--concurrency", "1", "--pool", pool])
     warm = [tasks_worker_flow.record_id.enqueue(marker_dir, "warm") for _ in range(20)]
     warm_ids = [int(r.id) for r in warm]
     wait_until(

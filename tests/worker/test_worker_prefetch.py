@@ -18,7 +18,7 @@ from django_leasejobs.models import Job, JobAttempt, JobStatus
 from tests import tasks_worker_flow
 from tests.tasks_worker_flow import read_lines
 from tests.waiting import wait_until
-from tests.worker_harness import Workers
+from tests.worker_harness import PREFETCHING_OPTIONS, Workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,7 +51,9 @@ def _given_back(ids: list[int]) -> bool:
 def test_prefetched_jobs_stuck_behind_a_long_job_go_to_another_worker(
     workers: Workers, marker_dir: str
 ) -> None:
-    first = workers.start(args=["--concurrency", "1", "--worker-id", "first"])
+    first = workers.start(
+        options=PREFETCHING_OPTIONS, args=["--concurrency", "1", "--worker-id", "first"]
+    )
     _warm_up(marker_dir)
     long_id, quick_ids = _long_then_short(marker_dir, 8)
     wait_until(lambda: read_lines(marker_dir, "long.started"), what="the long job to start")
@@ -87,10 +89,14 @@ def test_prefetched_jobs_stuck_behind_a_long_job_go_to_another_worker(
 
 
 def test_sigterm_gives_prefetched_jobs_back_at_once(workers: Workers, marker_dir: str) -> None:
-    worker = workers.start(args=["--concurrency", "1", "--shutdown-timeout", "60"])
+    worker = workers.start(
+        options=PREFETCHING_OPTIONS, args=["--concurrency", "1", "--shutdown-timeout", "60"]
+    )
     _warm_up(marker_dir)
     long_id, quick_ids = _long_then_short(marker_dir, 8)
     wait_until(lambda: read_lines(marker_dir, "long.started"), what="the long job to start")
+    held = Job.objects.filter(pk__in=quick_ids, status=JobStatus.RUNNING)
+    wait_until(lambda: held.count() == 8, timeout=10, what="the quick jobs to be prefetched")
 
     worker.signal(signal.SIGTERM)
     # The running job may finish (it waits for its gate); the prefetched ones are
@@ -114,7 +120,11 @@ def test_a_worker_frozen_past_its_leases_never_starts_a_prefetched_job(
     # lease was gone, so a job another worker had already run ran again.
     from django_leasejobs import leases
 
-    first = workers.start(args=["--concurrency", "1", "--worker-id", "first"])
+    # Leases of 5 s: short enough to run out while the worker is frozen, long enough for
+    # the worker to prefetch on a loaded machine (PREFETCHING_OPTIONS).
+    first = workers.start(
+        options={"LEASE_DURATION": 5.0}, args=["--concurrency", "1", "--worker-id", "first"]
+    )
     _warm_up(marker_dir)
     _, quick_ids = _long_then_short(marker_dir, 8)
     wait_until(lambda: read_lines(marker_dir, "long.started"), what="the long job to start")
@@ -126,7 +136,7 @@ def test_a_worker_frozen_past_its_leases_never_starts_a_prefetched_job(
         # The long job finishes in its slot while the worker is frozen: a slot is free
         # the moment it resumes.
         (Path(marker_dir) / "long.gate").touch()
-        # The leases run out (2 s); a reaper takes the jobs back; another worker runs them.
+        # The leases run out (5 s); a reaper takes the jobs back; another worker runs them.
         wait_until(
             lambda: len([r for r in leases.reap() if r.id in quick_ids]) or _reaped(quick_ids),
             timeout=30,
