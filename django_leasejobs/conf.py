@@ -122,11 +122,6 @@ class Options:
     alert_check_interval: float = 30.0
     """How often each worker evaluates the ``ALERTS`` rules (seconds)."""
 
-    @property
-    def local_lease_deadline(self) -> float:
-        """Seconds after the last renewal at which a worker treats a lease as lost."""
-        return self.lease_duration - self.heartbeat_interval
-
 
 # option name -> (attribute, kind, minimum, minimum is exclusive)
 _NUMBERS: dict[str, tuple[str, type, float, bool]] = {

@@ -24,6 +24,7 @@ from .. import leases
 from ..conf import Options
 from ..leases import storable_text
 from .inbox import NextDue
+from .lease_length import LeaseLength
 from .rounds import RoundContext, RoundPlan, RoundResult, run_round
 from .tallies import round_tally
 
@@ -50,6 +51,7 @@ class RoundDriver:
         database: str,
         queues: tuple[str, ...] | None,
         options: Options,
+        lease_length: LeaseLength,
         wake: Callable[[], None],
     ) -> None:
         self.worker_id = worker_id
@@ -57,6 +59,8 @@ class RoundDriver:
         self.database = database
         self.queues = queues
         self.options = options
+        self.lease_length = lease_length
+        """The lease each claim asks for (the heartbeat stretches it while renewals lag)."""
         self._wake = wake
         self._executor: ThreadPoolExecutor | None = None
         self._round: tuple[RoundPlan, Future[RoundResult], float] | None = None
@@ -123,7 +127,7 @@ class RoundDriver:
             database=self.database,
             backend=self.backend,
             queues=self.queues,
-            lease_duration=self.options.lease_duration,
+            lease_duration=self.lease_length.seconds,
             unknown_task_grace=self.options.unknown_task_grace,
             flow=self.options.flow,
             main_lane_first=now < self._flow_held_until,

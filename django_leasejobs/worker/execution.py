@@ -58,7 +58,7 @@ class JobSpec:
     database: str
     start_by: float = math.inf
     """``time.monotonic()`` after which the slot must not start the job: the worker would
-    call its lease lost by then (no renewal within ``local_lease_deadline``). A slot
+    call its lease lost by then (no renewal within the local deadline). A slot
     that holds jobs queued behind another gives back those it could not start in time."""
     on_loop: bool = False
     """An ``async def`` job that the slot runs on its event loop, beside others

@@ -41,7 +41,6 @@ class Handover:
         recorder: Recorder,
         reporter: Reporter,
         database: str,
-        local_lease_deadline: float,
     ) -> None:
         self.pool = pool
         self.book = book
@@ -49,7 +48,6 @@ class Handover:
         self.recorder = recorder
         self.reporter = reporter
         self.database = database
-        self.deadline = local_lease_deadline
         self.slot_freed = False
         """A slot reported an outcome or died since the loop last looked (claim again)."""
         self.loops = pool.kind == "process"
@@ -59,10 +57,11 @@ class Handover:
 
     # -- claimed jobs in, to slots ------------------------------------------------------
 
-    def take_claimed(self, claimed: list[ClaimedJob], claim_sent: float) -> None:
-        """Jobs a round claimed, as the loop takes them. Their local lease clock starts
-        when the claim was sent (``claim_sent``, monotonic), as a renewal's does: the
-        database counts the lease from the statement, which came no earlier."""
+    def take_claimed(self, claimed: list[ClaimedJob], claim_sent: float, lease: float) -> None:
+        """Jobs a round claimed for ``lease`` seconds, as the loop takes them. Their local
+        lease clock starts when the claim was sent (``claim_sent``, monotonic), as a
+        renewal's does: the database counts the lease from the statement, which came no
+        earlier."""
         now = time.monotonic()
         on_loop = 0
         for job in claimed:
@@ -72,7 +71,7 @@ class Handover:
                 if registry.is_task_path(job.task_path):
                     # Not deployed to this worker yet: give it back for one that knows it.
                     running = RunningJob(job=job, task=None, started=now)
-                    self.book.add(running, claim_sent)
+                    self.book.add(running, claim_sent, lease)
                     self.recorder.record(running, Ending("unknown", str(exc)))
                     continue
                 task = None  # a malformed row: the slot reports the clear error
@@ -82,7 +81,7 @@ class Handover:
             if self.loops and task is not None and self._is_async(job.task_path, task):
                 running.on_loop = True
                 on_loop += 1
-            self.book.add(running, claim_sent)
+            self.book.add(running, claim_sent, lease)
             self.book.ready.append(running)
         if self.loops:
             self.dispatcher.note_claimed(len(claimed), on_loop)
@@ -168,16 +167,17 @@ class Handover:
         ready = self.book.ready
         while ready:
             running = ready[0]
-            silent = time.monotonic() - self.book.table.renewed_at(running.job.lease)
-            if running.stop_reason is None and silent > self.deadline:
+            silence = self.book.table.silence(running.job.lease, time.monotonic())
+            if running.stop_reason is None and silence is not None:
                 # The worker was frozen or cut off while the job waited (and the watchdog
                 # has not run since): its lease may be another worker's by now. Never start
                 # a job on a lease the worker itself would call lost.
                 self.stop(
                     running.job.lease,
                     "lease_lost",
-                    f"no successful renewal for {silent:.1f}s while it waited for a slot "
-                    f"(local deadline {self.deadline:g}s): the worker was paused or cut off",
+                    f"no successful renewal for {silence.seconds:.1f}s while it waited for a "
+                    f"slot (local deadline {silence.deadline:g}s): the worker was paused or "
+                    "cut off",
                 )
             if running.stop_reason is None:
                 return
@@ -209,14 +209,14 @@ class Handover:
         self.dispatcher.handed_over(now - running.started)
         running.dispatched = True
         running.started = now
-        renewed = self.book.table.handed_over(job.lease, now, job.timeout)
+        lost_at = self.book.table.handed_over(job.lease, now, job.timeout)
         # The rule of _route_stopped_heads, kept by the slot for queued jobs.
         return JobSpec(
             job=job,
             worker_id=self.reporter.worker_id,
             backend=self.reporter.backend.alias,
             database=self.database,
-            start_by=renewed + self.deadline,
+            start_by=lost_at,
             on_loop=running.on_loop,
         )
 

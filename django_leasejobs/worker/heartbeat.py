@@ -1,7 +1,8 @@
 """The heartbeat thread: renews the worker's leases, touches its registry row, reaps.
 
 Every ``HEARTBEAT_INTERVAL`` it renews all of the worker's leases in one UPDATE (with
-the jobs' progress), on its own connection, so a renewal never waits behind the main
+the jobs' progress), on its own connection, for the lease ``LeaseLength`` asks for (longer
+while renewals come back late: ``lease_length.py``), so a renewal never waits behind the main
 loop's outcome writes or claims. A lease the database no longer holds, or whose job an
 operator cancelled, is posted to the main loop's inbox: the loop stops the job, or, when
 its outcome is being written, stops renewing the lease and lets the fenced write decide.
@@ -31,6 +32,7 @@ from ..reaper import announce_reaped
 from ..signals import heartbeat_sent
 from .dispatch import SLOW_ROUND_SHARE
 from .inbox import CancelRequested, LeaseLost, NextDue, RenewalWasSlow
+from .lease_length import Stretch
 from .rounds import is_connection_error
 from .shared import WorkerStatus
 from .threads import ThreadContext, WorkerThread
@@ -143,20 +145,26 @@ class Heartbeat(WorkerThread):
         That is every lease not presumed lost: running, waiting for a slot, being
         stopped, or waiting for its outcome to be written, however long that takes (a
         slow write is no fault)."""
-        table, inbox = self.ctx.table, self.ctx.inbox
+        table, inbox, length = self.ctx.table, self.ctx.inbox, self.ctx.lease_length
         asked = table.to_renew()
         if not asked:
+            length.idle()
             return 0
         being_written = table.being_recorded()
+        seconds = length.seconds
         started = time.monotonic()
-        result = self._renew({lease: renewal.progress for lease, renewal in asked.items()})
-        took = time.monotonic() - started
+        result = self._renew({lease: renewal.progress for lease, renewal in asked.items()}, seconds)
+        answered = time.monotonic()
+        took = answered - started
         # The local deadline counts from the moment the renewal was sent: the database
         # counts the lease from the statement, which came no earlier. Counting from its
         # return would credit a renewal that sat in a frozen or starved worker with time
         # the database never gave: a job handed to a slot then could start after another
         # worker re-claimed it (bench/chaos.py's stale start after a SIGSTOP).
-        table.renewed({lease: asked[lease].generation for lease in result.held}, started)
+        table.renewed({lease: asked[lease].generation for lease in result.held}, started, seconds)
+        stretch = length.renewed(started, answered, seconds)
+        if stretch is not None:
+            self._stretched(stretch)
         if took > SLOW_ROUND_SHARE * self.ctx.options.lease_duration:
             inbox.post(RenewalWasSlow(took))
         for lease in result.lost:
@@ -179,6 +187,30 @@ class Heartbeat(WorkerThread):
                 },
             )
         return len(asked)
+
+    def _stretched(self, stretch: Stretch) -> None:
+        base = self.ctx.options.lease_duration
+        extra = {
+            "worker": self.ctx.worker_id,
+            "lease": stretch.seconds,
+            "delay": round(stretch.delay, 3),
+            "lease_duration": base,
+        }
+        if stretch.seconds > base:
+            logger.info(
+                "renewals came back up to %.2fs late: asking for %gs leases (LEASE_DURATION "
+                "%gs) until they come back on time",
+                stretch.delay,
+                stretch.seconds,
+                base,
+                extra=extra,
+            )
+        else:
+            logger.info(
+                "renewals come back on time again: asking for %gs leases (LEASE_DURATION)",
+                stretch.seconds,
+                extra=extra,
+            )
 
     def _touch_due(self, renewed: int, status: WorkerStatus) -> bool:
         self._beats_since_touch += 1
@@ -209,15 +241,18 @@ class Heartbeat(WorkerThread):
             error=error,
         )
 
-    def _renew(self, wanted: dict[Lease, leases.Progress | None]) -> leases.RenewResult:
-        """Renew with the jobs' progress; if the database refuses that for a reason other
-        than the connection, renew without it: no job's progress may cost the leases."""
+    def _renew(
+        self, wanted: dict[Lease, leases.Progress | None], seconds: float
+    ) -> leases.RenewResult:
+        """Renew for ``seconds`` with the jobs' progress; if the database refuses that for
+        a reason other than the connection, renew without it: no job's progress may cost
+        the leases."""
         ctx = self.ctx
         try:
             return leases.renew(
                 ctx.worker_id,
                 wanted,
-                lease_duration=ctx.options.lease_duration,
+                lease_duration=seconds,
                 using=ctx.database,
             )
         except Exception as exc:
@@ -231,6 +266,6 @@ class Heartbeat(WorkerThread):
         return leases.renew(
             ctx.worker_id,
             list(wanted),
-            lease_duration=ctx.options.lease_duration,
+            lease_duration=seconds,
             using=ctx.database,
         )

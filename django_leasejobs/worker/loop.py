@@ -55,6 +55,7 @@ from .inbox import (
     TimedOut,
 )
 from .jobs import JobBook
+from .lease_length import LeaseLength
 from .lifecycle import Registration, harden_connections, install_stop_signals, restore_signals
 from .listener import Listener
 from .pools import Pool, ProcessPool, ThreadPool
@@ -98,7 +99,8 @@ class Worker:
         self.queues = queues
         harden_connections(options, self.database)
         self.inbox = Inbox()
-        self.table = LeaseTable()
+        self.table = LeaseTable(margin=options.heartbeat_interval)
+        self.lease_length = LeaseLength(options.lease_duration, options.heartbeat_interval)
         self.status = StatusBoard()
         self.book = JobBook(self.table)
         self.pool: Pool
@@ -128,7 +130,6 @@ class Worker:
             recorder=self.recorder,
             reporter=self.reporter,
             database=self.database,
-            local_lease_deadline=options.local_lease_deadline,
         )
         self.rounds = RoundDriver(
             worker_id=self.worker_id,
@@ -136,6 +137,7 @@ class Worker:
             database=self.database,
             queues=queues,
             options=options,
+            lease_length=self.lease_length,
             wake=self.inbox.wake,
         )
         self.registration = Registration(
@@ -171,6 +173,7 @@ class Worker:
             options=self.options,
             inbox=self.inbox,
             table=self.table,
+            lease_length=self.lease_length,
             status=self.status,
             registration=self.registration,
         )
@@ -376,7 +379,7 @@ class Worker:
             idle = self.rounds.claimed(len(claimed), plan.claim_limit, listening=self.listening)
             if idle is not None:
                 self.reporter.idle(idle, listening=self.listening)
-            self.handover.take_claimed(claimed, result.claim_sent)
+            self.handover.take_claimed(claimed, result.claim_sent, result.claim_lease)
 
     def _pace(self, took: float, what: str) -> None:
         """Claim less while rounds or renewals are slow (``dispatch.SLOW_ROUND_SHARE``)."""

@@ -132,6 +132,8 @@ class RoundResult:
     claimed: list[ClaimedJob] | None = None
     claim_sent: float = 0.0
     """When (monotonic) the claim was sent: the claimed leases count from no earlier."""
+    claim_lease: float = 0.0
+    """The lease the claim asked for (seconds)."""
     flow_held: bool = False
     """Flow limits held due jobs back in this round's claim."""
     next_due: float | None = None
@@ -308,7 +310,7 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
             worker, unknown, grace=ctx.unknown_task_grace, using=using
         )
     if plan.claim_limit > 0:
-        result.claim_sent = time.monotonic()
+        result.claim_sent, result.claim_lease = time.monotonic(), ctx.lease_duration
         claimed = leases.claim_round(
             worker,
             limit=plan.claim_limit,

@@ -1,8 +1,8 @@
 """What the main loop shares with the worker's threads: the lease table and its status.
 
 The main loop owns job state. The heartbeat and the watchdog need a little of it: which
-leases to renew (with the jobs' progress), when each was last renewed, which jobs run
-since when and with what timeout. That lives here, in one small table behind its own
+leases to renew (with the jobs' progress), when each was last renewed and for how long,
+which jobs run since when and with what timeout. That lives here, in one small table behind its own
 lock, and nowhere else: the threads read it, record renewals in it, and post what they
 found to the loop's inbox (``inbox.py``); they never touch the loop's objects.
 """
@@ -22,6 +22,9 @@ Lease = tuple[int, int]
 class _Held:
     renewed_at: float
     """Monotonic time the last successful renewal was sent (or the claim)."""
+    deadline: float
+    """Seconds after ``renewed_at`` at which the worker calls the lease lost: the lease
+    that statement asked for, less the table's margin."""
     generation: int
     """Which entry for this lease: a job given back and claimed again at the same attempt
     is a new one, so a message about the old one cannot touch it."""
@@ -49,6 +52,14 @@ class Overdue:
 
 
 @dataclass(frozen=True, slots=True)
+class Silence:
+    """How long a lease went without a renewal, past its local deadline."""
+
+    seconds: float
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
 class Renewal:
     """A lease to renew: its job's latest progress, and its entry's generation."""
 
@@ -58,19 +69,27 @@ class Renewal:
 
 class LeaseTable:
     """The leases this worker holds, shared between the main loop (which adds, changes
-    and removes entries) and its heartbeat and watchdog threads."""
+    and removes entries) and its heartbeat and watchdog threads.
 
-    def __init__(self) -> None:
+    A lease counts as lost ``margin`` seconds (``HEARTBEAT_INTERVAL``) before the lease
+    its last claim or renewal asked for runs out: the worker stops its job while the
+    database still holds the lease for it."""
+
+    def __init__(self, margin: float) -> None:
+        self.margin = margin
         self._lock = threading.Lock()
         self._held: dict[Lease, _Held] = {}
         self._generations = 0
 
     # -- written by the main loop ---------------------------------------------------
 
-    def add(self, lease: Lease, now: float) -> None:
+    def add(self, lease: Lease, now: float, seconds: float) -> None:
+        """Hold ``lease``, claimed by a statement sent at ``now`` for ``seconds``."""
         with self._lock:
             self._generations += 1
-            self._held[lease] = _Held(renewed_at=now, generation=self._generations)
+            self._held[lease] = _Held(
+                renewed_at=now, deadline=seconds - self.margin, generation=self._generations
+            )
 
     def generation(self, lease: Lease) -> int:
         """The generation of ``lease``'s entry (0: not in the table)."""
@@ -83,14 +102,14 @@ class LeaseTable:
             self._held.pop(lease, None)
 
     def handed_over(self, lease: Lease, now: float, timeout: float | None) -> float:
-        """Note that ``lease``'s job went to a slot; return when the lease was last
-        renewed (0.0 when it is not in the table)."""
+        """Note that ``lease``'s job went to a slot; return when (monotonic) the worker
+        will call the lease lost unless a renewal comes (0.0 when it is not held)."""
         with self._lock:
             held = self._held.get(lease)
             if held is None:
                 return 0.0
             held.started_at, held.timeout = now, timeout
-            return held.renewed_at
+            return held.renewed_at + held.deadline
 
     def taken_back(self, lease: Lease) -> None:
         with self._lock:
@@ -122,6 +141,17 @@ class LeaseTable:
             held = self._held.get(lease)
             return 0.0 if held is None else held.renewed_at
 
+    def silence(self, lease: Lease, now: float) -> Silence | None:
+        """How long ``lease`` went unrenewed, when that is past its local deadline (a
+        lease not in the table is as good as lost)."""
+        with self._lock:
+            held = self._held.get(lease)
+            if held is None:
+                return Silence(now, 0.0)
+            if now - held.renewed_at <= held.deadline:
+                return None
+            return Silence(now - held.renewed_at, held.deadline)
+
     # -- read and written by the heartbeat ----------------------------------------------
 
     def to_renew(self) -> dict[Lease, Renewal]:
@@ -137,13 +167,15 @@ class LeaseTable:
         with self._lock:
             return {lease for lease, h in self._held.items() if h.recording}
 
-    def renewed(self, leases: dict[Lease, int], at: float) -> None:
-        """``leases`` (lease: generation) were renewed by a statement sent at ``at``."""
+    def renewed(self, leases: dict[Lease, int], at: float, seconds: float) -> None:
+        """``leases`` (lease: generation) were renewed for ``seconds`` by a statement
+        sent at ``at``."""
+        deadline = seconds - self.margin
         with self._lock:
             for lease, generation in leases.items():
                 held = self._held.get(lease)
                 if held is not None and held.generation == generation:
-                    held.renewed_at = at
+                    held.renewed_at, held.deadline = at, deadline
 
     def __len__(self) -> int:
         with self._lock:
@@ -151,8 +183,8 @@ class LeaseTable:
 
     # -- read by the watchdog --------------------------------------------------------------
 
-    def overdue(self, now: float, deadline: float) -> list[Overdue]:
-        """Jobs to stop, each reported once: no renewal for ``deadline`` seconds (not
+    def overdue(self, now: float) -> list[Overdue]:
+        """Jobs to stop, each reported once: no renewal within the local deadline (not
         while its outcome is being written: the fence decides then), or past its
         timeout."""
         found = []
@@ -161,10 +193,11 @@ class LeaseTable:
                 if held.let_go or held.recording or held.stop_posted:
                     continue
                 silent = now - held.renewed_at
-                if silent > deadline:
+                if silent > held.deadline:
                     detail = (
                         f"no successful renewal for {silent:.1f}s (local deadline "
-                        f"{deadline:g}s): cut off from the database, or the worker was paused"
+                        f"{held.deadline:g}s): cut off from the database, or the worker "
+                        "was paused"
                     )
                     found.append(Overdue(lease, "lease", detail, held.generation))
                 elif (

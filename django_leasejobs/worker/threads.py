@@ -16,6 +16,7 @@ from django.db import DatabaseError, connections
 from ..backend import LeaseJobsBackend
 from ..conf import Options
 from .inbox import Inbox
+from .lease_length import LeaseLength
 from .lifecycle import Registration
 from .shared import LeaseTable, StatusBoard
 
@@ -31,6 +32,7 @@ class ThreadContext:
     options: Options
     inbox: Inbox
     table: LeaseTable
+    lease_length: LeaseLength
     status: StatusBoard
     registration: Registration
 

@@ -2,8 +2,9 @@
 
 It never touches the database, so it keeps working when the database does not answer:
 every ``TICK`` it reads the lease table and posts to the main loop's inbox the jobs
-whose last renewal is older than ``LEASE_DURATION - HEARTBEAT_INTERVAL`` (the worker
-fences itself before the database-side lease expires) and those past their timeout.
+whose last renewal is older than the lease it asked for less ``HEARTBEAT_INTERVAL`` (the
+worker fences itself before the database-side lease expires; ``lease_length.py``) and
+those past their timeout.
 A job whose outcome is being written is left alone: the fenced write decides.
 """
 
@@ -29,7 +30,7 @@ class Watchdog(WorkerThread):
 
     def check(self) -> None:
         ctx = self.ctx
-        for found in ctx.table.overdue(time.monotonic(), ctx.options.local_lease_deadline):
+        for found in ctx.table.overdue(time.monotonic()):
             if found.kind == "lease":
                 ctx.inbox.post(LeaseLost(found.lease, found.detail, found.generation))
             else:

@@ -50,7 +50,7 @@ def test_a_renewal_counts_from_when_it_was_sent(worker: Worker) -> None:
     (claimed,) = leases.claim(worker.worker_id, limit=1, lease_duration=60)
     table = worker.book.table
     before = time.monotonic()
-    table.add(claimed.lease, before)
+    table.add(claimed.lease, before, 60.0)
     statement = FirstJobStatement()
     heartbeat = Heartbeat(worker.thread_context(), threading.Event())
     with connection.execute_wrapper(statement):
@@ -80,5 +80,11 @@ def test_claimed_leases_count_from_when_the_claim_was_sent(worker: Worker) -> No
     assert statement.at is not None
     assert 0 < result.claim_sent <= statement.at
     worker.pool.free_slots = lambda: 0  # type: ignore[method-assign]  # it waits for a slot
-    worker.handover.take_claimed(result.claimed, result.claim_sent)
-    assert worker.book.table.renewed_at(claimed.lease) == result.claim_sent
+    assert result.claim_lease == 60.0
+    worker.handover.take_claimed(result.claimed, result.claim_sent, result.claim_lease)
+    table = worker.book.table
+    assert table.renewed_at(claimed.lease) == result.claim_sent
+    # Lost by the local clock one margin before the lease the claim asked for ends.
+    lost_at = result.claim_sent + 60.0 - table.margin
+    assert table.silence(claimed.lease, lost_at - 0.01) is None
+    assert table.silence(claimed.lease, lost_at + 0.01) is not None

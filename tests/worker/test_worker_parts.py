@@ -27,15 +27,17 @@ from django_leasejobs.worker.reporter import Reporter
 from django_leasejobs.worker.rounds import RoundPlan, RoundResult
 from django_leasejobs.worker.shared import LeaseTable, StatusBoard, WorkerStatus
 
-DEADLINE = 3.0
+LEASE = 4.0
+DEADLINE = LEASE - 1.0
+"""The local deadline of a 4 s lease in a table whose margin is 1 s."""
 Lease = tuple[int, int]
 
 
 def test_every_lease_not_presumed_lost_is_renewed_with_its_progress() -> None:
-    table = LeaseTable()
-    table.add((1, 1), now=100.0)
-    table.add((2, 1), now=100.0)
-    table.add((3, 1), now=100.0)
+    table = LeaseTable(margin=1.0)
+    table.add((1, 1), now=100.0, seconds=LEASE)
+    table.add((2, 1), now=100.0, seconds=LEASE)
+    table.add((3, 1), now=100.0, seconds=LEASE)
     table.set_progress((1, 1), Progress(0.5, "half"))
     table.recording((2, 1))  # its outcome waits to be written: still renewed
     table.let_go((3, 1))  # presumed lost: never again
@@ -45,31 +47,32 @@ def test_every_lease_not_presumed_lost_is_renewed_with_its_progress() -> None:
         (2, 1): None,
     }
     assert table.being_recorded() == {(2, 1)}
-    table.renewed({(1, 1): table.generation((1, 1)), (9, 9): 7}, at=105.0)  # (9, 9): gone
+    # (9, 9): gone
+    table.renewed({(1, 1): table.generation((1, 1)), (9, 9): 7}, at=105.0, seconds=LEASE)
     assert table.renewed_at((1, 1)) == 105.0
     assert table.renewed_at((2, 1)) == 100.0
     assert table.renewed_at((9, 9)) == 0.0
 
 
 def test_the_watchdog_reports_a_silent_lease_once_and_never_one_being_recorded() -> None:
-    table = LeaseTable()
-    table.add((1, 1), now=100.0)
-    table.add((2, 1), now=100.0)
+    table = LeaseTable(margin=1.0)
+    table.add((1, 1), now=100.0, seconds=LEASE)
+    table.add((2, 1), now=100.0, seconds=LEASE)
     table.recording((2, 1))  # a slow write is no fault: the fenced write decides
-    assert table.overdue(100.0 + DEADLINE, DEADLINE) == []
-    [found] = table.overdue(100.0 + DEADLINE + 0.1, DEADLINE)
+    assert table.overdue(100.0 + DEADLINE) == []
+    [found] = table.overdue(100.0 + DEADLINE + 0.1)
     assert (found.lease, found.kind) == ((1, 1), "lease")
     assert "no successful renewal for 3.1s" in found.detail
-    assert table.overdue(200.0, DEADLINE) == []  # reported once
+    assert table.overdue(200.0) == []  # reported once
 
 
 def test_a_timeout_counts_from_the_hand_over_to_a_slot() -> None:
-    table = LeaseTable()
-    table.add((1, 1), now=100.0)
-    assert table.overdue(150.0, 1000.0) == []  # waiting for a slot: no clock yet
+    table = LeaseTable(margin=1.0)
+    table.add((1, 1), now=100.0, seconds=1000.0)
+    assert table.overdue(150.0) == []  # waiting for a slot: no clock yet
     table.handed_over((1, 1), now=150.0, timeout=5.0)
-    assert table.overdue(155.0, 1000.0) == []
-    [found] = table.overdue(155.5, 1000.0)
+    assert table.overdue(155.0) == []
+    [found] = table.overdue(155.5)
     assert (found.lease, found.kind, found.detail) == ((1, 1), "timeout", "after 5.5s")
     table.taken_back((1, 1))
     table.remove((1, 1))
@@ -134,7 +137,7 @@ def test_the_status_board_hands_the_loops_status_to_the_heartbeat() -> None:
 
 
 def _recorder() -> tuple[Recorder, JobBook]:
-    book = JobBook(LeaseTable())
+    book = JobBook(LeaseTable(margin=1.0))
     backend = task_backends["default"]
     assert isinstance(backend, LeaseJobsBackend)
     return Recorder(book, Reporter("w", backend), backend.config.retry_backoff), book
@@ -154,7 +157,7 @@ def _finished(book: JobBook, recorder: Recorder, job_id: int, now: float) -> Run
         checkpoint=None,
     )
     running = RunningJob(job=job, task=None, started=now)
-    book.add(running, now)
+    book.add(running, now, LEASE)
     recorder.record(running, Outcome(job.lease, ok=True, result=3))
     return running
 
@@ -170,7 +173,7 @@ def _fail_round(
 
 def _renew(book: JobBook, *leases: Lease) -> None:
     book.table.renewed(
-        {lease: book.table.generation(lease) for lease in leases}, time.monotonic() + 1
+        {lease: book.table.generation(lease) for lease in leases}, time.monotonic() + 1, LEASE
     )
 
 
@@ -278,11 +281,11 @@ def test_rows_written_one_by_one_before_a_connection_error_are_not_written_again
 
 
 def test_a_message_about_an_old_entry_does_not_touch_a_new_one() -> None:
-    table = LeaseTable()
-    table.add((1, 1), now=100.0)
+    table = LeaseTable(margin=1.0)
+    table.add((1, 1), now=100.0, seconds=LEASE)
     old = table.generation((1, 1))
     table.remove((1, 1))  # given back unstarted (the attempt is given back too) ...
-    table.add((1, 1), now=200.0)  # ... and claimed again at the same attempt
+    table.add((1, 1), now=200.0, seconds=LEASE)  # ... and claimed again at the same attempt
     assert table.generation((1, 1)) != old
-    table.renewed({(1, 1): old}, at=300.0)  # a renewal of the old entry
+    table.renewed({(1, 1): old}, at=300.0, seconds=LEASE)  # a renewal of the old entry
     assert table.renewed_at((1, 1)) == 200.0

@@ -1,0 +1,96 @@
+"""How long a lease the worker asks for: ``LEASE_DURATION``, longer while renewals lag.
+
+The worker calls a lease lost when no renewal came back within the lease less one
+``HEARTBEAT_INTERVAL`` (the local deadline), and stops its job; the reaper then gives the
+job to another worker, which runs it again. On a slow database server or a busy machine
+(fsyncs queued behind other writers, a CPU shared with many processes), a renewal's round
+trip and the heartbeat thread's own wait for the CPU can grow to a large share of a short
+lease. Neither is a fault, and neither may make a job run twice.
+
+So the heartbeat notes, for each renewal, how late its answer came: the time from the
+previous renewal's send to this one's answer, less the ``HEARTBEAT_INTERVAL`` that was
+meant to pass between them. While the latest of the last ``MEMORY`` renewals was late by
+``delay`` seconds, renewals and claims ask for a lease of
+``2 * HEARTBEAT_INTERVAL + HEADROOM * delay`` when that is longer than ``LEASE_DURATION``
+(never more than ``MAX_STRETCH`` times it). The local deadline follows the lease each
+statement asked for, so a worker never counts on more than the database gave.
+
+The price: jobs of a worker that crashes while its leases are stretched come back after
+the longer lease. A renewal answered later than the lease it had (the worker was frozen
+or cut off for longer: a fault, whose leases are lost anyway) stretches nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+HEADROOM = 3.0
+"""A stretched lease covers a renewal this many times as late as the latest recent one:
+load that keeps growing is met before it costs a lease."""
+
+MAX_STRETCH = 4.0
+"""A stretched lease is at most this many ``LEASE_DURATION``."""
+
+MEMORY = 32
+"""Renewals remembered: a lease shrinks back once this many came back on time."""
+
+STEPS = 4
+"""Stretched leases are whole quarters of ``LEASE_DURATION`` (a change is rare news)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stretch:
+    """A change of the lease the worker asks for."""
+
+    seconds: float
+    """The lease asked for from now on."""
+    delay: float
+    """How late the latest of the recent renewals came back (seconds)."""
+
+
+class LeaseLength:
+    """The lease the worker asks for now. The heartbeat thread writes it (``renewed``,
+    ``idle``); the main loop reads it for its claims (``seconds``)."""
+
+    def __init__(self, lease_duration: float, heartbeat_interval: float) -> None:
+        self.base = lease_duration
+        self.beat = heartbeat_interval
+        self._seconds = lease_duration
+        self._delays: deque[float] = deque(maxlen=MEMORY)
+        self._last: tuple[float, float] | None = None
+        """The previous renewal of an unbroken series: (its send, the lease it asked)."""
+
+    @property
+    def seconds(self) -> float:
+        """The lease to ask for (a float read: no lock needed)."""
+        return self._seconds
+
+    def idle(self) -> None:
+        """The heartbeat had no lease to renew: the next renewal has no predecessor."""
+        self._last = None
+
+    def renewed(self, sent: float, answered: float, asked: float) -> Stretch | None:
+        """A renewal asking for ``asked`` seconds was sent at ``sent`` and answered at
+        ``answered`` (monotonic); the new lease length when it changed."""
+        previous, self._last = self._last, (sent, asked)
+        if previous is None:  # the first of a series: its round trip alone
+            since, had, delay = sent, asked, answered - sent
+        else:
+            since, had = previous
+            delay = answered - since - self.beat
+        if answered - since < had:  # else the lease had run out: a fault, not a lag
+            self._delays.append(max(0.0, delay))
+        wanted = self._wanted(max(self._delays, default=0.0))
+        if wanted == self._seconds:
+            return None
+        self._seconds = wanted
+        return Stretch(wanted, max(self._delays, default=0.0))
+
+    def _wanted(self, delay: float) -> float:
+        needed = 2 * self.beat + HEADROOM * delay
+        if needed <= self.base:
+            return self.base
+        step = self.base / STEPS
+        return min(MAX_STRETCH * self.base, math.ceil(needed / step) * step)
