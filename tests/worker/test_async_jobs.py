@@ -32,6 +32,11 @@ JSON_LOGS = ["--log-format", "json"]
 JSON_ENV = {"DJANGO_SETTINGS_MODULE": "tests.settings_fresh"}
 """With ``JSON_LOGS``: settings without ``LOGGING``, so the worker's own handler writes the
 records as JSON (tests/observability/test_worker_logging.py)."""
+LOOP_FAULT_OPTIONS = {"ASYNC_BLOCKING_LIMIT": 1.0, "LEASE_DURATION": 10.0}
+"""For the cases of a job that blocks its slot's event loop: they are about the loop, not
+leases, so the leases are long enough that a loaded machine cannot make one run out first
+(a lost lease kills the slot too: its neighbours, the blocker among them, would then run
+again as collateral of that loss, and the blocker's attempt rows be two)."""
 
 
 def lines(marker_dir: str, name: str) -> list[list[str]]:
@@ -193,7 +198,7 @@ def test_a_coroutine_that_blocks_the_loop_gets_its_slot_killed(workers, marker_d
     neighbours = [int(tasks_async.nap.enqueue(marker_dir, "nap", 2.0).id) for _ in range(4)]
     blocker = int(tasks_async.blocks_the_loop.enqueue(marker_dir, "blocker", 60.0).id)
     worker = workers.start(
-        options={"ASYNC_BLOCKING_LIMIT": 1.0},
+        options=LOOP_FAULT_OPTIONS,
         args=["--concurrency", "1", "--burst", *JSON_LOGS],
         env=JSON_ENV,
     )
@@ -213,7 +218,7 @@ def test_a_coroutine_that_spins_on_the_loop_gets_its_slot_killed(workers, marker
     neighbours = [int(tasks_async.nap.enqueue(marker_dir, "nap", 2.0).id) for _ in range(3)]
     spinner = int(tasks_async.spins_the_loop.enqueue(marker_dir, "spinner", 60.0).id)
     worker = workers.start(
-        options={"ASYNC_BLOCKING_LIMIT": 1.0},
+        options=LOOP_FAULT_OPTIONS,
         args=["--concurrency", "1", "--burst", *JSON_LOGS],
         env=JSON_ENV,
     )
@@ -230,9 +235,7 @@ def test_a_native_call_holding_the_gil_gets_its_slot_killed(workers, marker_dir:
     worker sees the loop's thread busy without a tick, and kills the slot within about
     ASYNC_BLOCKING_LIMIT (the call would take far longer)."""
     holder = int(tasks_async.holds_the_gil.enqueue(marker_dir, "holder", 2 * 10**9).id)
-    worker = workers.start(
-        options={"ASYNC_BLOCKING_LIMIT": 1.0}, args=["--concurrency", "1", "--burst"]
-    )
+    worker = workers.start(options=LOOP_FAULT_OPTIONS, args=["--concurrency", "1", "--burst"])
     assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
     job = Job.objects.get(pk=holder)
     assert job.status == JobStatus.FAILED, job.last_error
