@@ -112,6 +112,10 @@ class Heartbeat(WorkerThread):
                 "%s failed: %s", doing, exc, extra={"worker": ctx.worker_id, "error": str(exc)}
             )
             self._reset_connection()
+            if beat:
+                # A failed renewal breaks the series: the gap an outage leaves is a fault's,
+                # not a lag to stretch the leases for.
+                ctx.lease_length.idle()
             if renewed or touch:
                 self._sent(started, exc)
             return

@@ -17,7 +17,11 @@ statement asked for, so a worker never counts on more than the database gave.
 
 The price: jobs of a worker that crashes while its leases are stretched come back after
 the longer lease. A renewal answered later than the lease it had (the worker was frozen
-or cut off for longer: a fault, whose leases are lost anyway) stretches nothing.
+or cut off for longer: a fault, whose leases are lost anyway) stretches nothing, nor does
+the gap a failed renewal leaves (a database outage is a fault too).
+
+The limit: a renewal can ask for more only once the one before came back, so a lag that
+jumps in one step past what the lease in force covers still costs that lease.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ class LeaseLength:
         return self._seconds
 
     def idle(self) -> None:
-        """The heartbeat had no lease to renew: the next renewal has no predecessor."""
+        """The heartbeat had no lease to renew, or its renewal failed: the next renewal
+        has no predecessor (the gap is no lag)."""
         self._last = None
 
     def renewed(self, sent: float, answered: float, asked: float) -> Stretch | None:

@@ -3,16 +3,28 @@
 A renewal answered late (a slow database, a busy machine) is no fault: the worker asks
 for longer leases rather than call them lost and have their jobs run again. A renewal
 answered after its lease had run out (a freeze, a partition) is a fault and stretches
-nothing. Each test below drives ``LeaseLength`` by the clock values it is given; the end
-to end case, with a real worker and a database whose renewals are slow, is in
-``test_slow_renewals.py``.
+nothing. The tests first drive ``LeaseLength`` by the clock values they give it, then
+through real heartbeat ticks; the end to end case, with a real worker and a database
+whose renewals are slow, is in ``test_slow_renewals.py``.
 """
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
+import pytest
+from django.db import OperationalError, connection
+
+from django_leasejobs import leases
+from django_leasejobs.worker import Worker
+from django_leasejobs.worker.heartbeat import Heartbeat
 from django_leasejobs.worker.lease_length import HEADROOM, MAX_STRETCH, MEMORY, LeaseLength
+from tests import tasks
+from tests.waiting import wait_until
 
 LEASE, BEAT = 4.0, 1.0
 
@@ -96,3 +108,43 @@ def test_the_headroom_covers_a_renewal_headroom_times_as_late() -> None:
     length.renewed(101.0, 100.0 + BEAT + late, LEASE)
     deadline = length.seconds - BEAT  # the local deadline of the lease asked for next
     assert BEAT + HEADROOM * late <= deadline
+
+
+# -- the heartbeat's part: its renewals feed the lease length; a failed one breaks the series
+
+
+class FailRenewals:
+    """An execute wrapper: the renewals (UPDATEs of the job table) fail as a dropped
+    connection does."""
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        if sql.lstrip().upper().startswith(("UPDATE", "WITH")) and "leasejobs_job" in sql:
+            raise OperationalError("server closed the connection unexpectedly")
+        return execute(sql, params, many, context)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("fails_between", [False, True])
+def test_a_failed_renewal_breaks_the_series(worker: Worker, fails_between: bool) -> None:
+    """Two renewals 0.9 s apart with 2 s leases and 0.3 s heartbeats: the second came back
+    0.6 s late, which stretches the lease (2 * 0.3 + 3 * 0.6 > 2). With a failed renewal
+    between them, the gap is an outage's, and nothing stretches."""
+    tasks.add.enqueue(1, 2)
+    (claimed,) = leases.claim(worker.worker_id, limit=1, lease_duration=60)
+    length = LeaseLength(2.0, 0.3)
+    ctx = dataclasses.replace(worker.thread_context(), lease_length=length)
+    ctx.table.add(claimed.lease, time.monotonic(), 60.0)
+    heartbeat = Heartbeat(ctx, threading.Event())
+    heartbeat.tick(beat=True, reap=False)
+    first = ctx.table.renewed_at(claimed.lease)
+    assert first > 0
+    if fails_between:
+        with connection.execute_wrapper(FailRenewals()):
+            heartbeat.tick(beat=True, reap=False)
+        assert ctx.table.renewed_at(claimed.lease) == first  # not renewed
+    wait_until(lambda: time.monotonic() > first + 0.9, what="0.9 s after the first renewal")
+    heartbeat.tick(beat=True, reap=False)
+    assert ctx.table.renewed_at(claimed.lease) > first
+    assert (length.seconds > 2.0) is not fails_between, length.seconds
