@@ -170,6 +170,7 @@ def fetch_one(using: str, sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
         connection.vendor == "postgresql"
         and not connection.execute_wrappers
         and not connection.queries_logged
+        and _on_psycopg3()
     ):
         connection.close_if_health_check_failed()
         connection.ensure_connection()
@@ -177,9 +178,8 @@ def fetch_one(using: str, sql: str, params: Sequence[Any]) -> tuple[Any, ...]:
         connection.validate_no_broken_transaction()
         with connection.wrap_database_errors:
             cursor = _kept_cursor(connection)
-            if cursor is not None:
-                cursor.execute(sql, params)
-                return tuple(cursor.fetchone())
+            cursor.execute(sql, params)
+            return tuple(cursor.fetchone())
     with connection.cursor() as cursor:
         native_timestamps(cursor)
         cursor.execute(sql, params)
@@ -199,9 +199,17 @@ class _KeptCursor:
 _kept: weakref.WeakKeyDictionary[Any, _KeptCursor] = weakref.WeakKeyDictionary()
 
 
+@functools.cache
+def _on_psycopg3() -> bool:
+    """Django's PostgreSQL backend runs on psycopg 3 (asked once)."""
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3)
+
+
 def _kept_cursor(connection: Any) -> Any:
-    """The cursor :func:`fetch_one` reuses on ``connection`` (Django's, connected), made on
-    first use and after each reconnection; None on psycopg 2.
+    """The psycopg 3 cursor :func:`fetch_one` reuses on ``connection`` (Django's,
+    connected), made on first use and after each reconnection.
 
     It binds its parameters on the server (psycopg's plain ``Cursor``), as a bare
     psycopg statement does, whatever ``server_side_binding`` says for Django's cursors:
@@ -215,10 +223,6 @@ def _kept_cursor(connection: Any) -> Any:
     kept = _kept.get(connection)
     if kept is not None and kept.raw is raw and not kept.cursor.closed:
         return kept.cursor
-    from django.db.backends.postgresql.psycopg_any import is_psycopg3
-
-    if not is_psycopg3:
-        return None
     import psycopg
 
     cursor = psycopg.Cursor(raw)
