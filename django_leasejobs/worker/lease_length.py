@@ -9,8 +9,8 @@ lease. Neither is a fault, and neither may make a job run twice.
 
 So the heartbeat notes, for each renewal, how late its answer came: the time from the
 previous renewal's send to this one's answer, less the ``HEARTBEAT_INTERVAL`` that was
-meant to pass between them. While the latest of the last ``MEMORY`` renewals was late by
-``delay`` seconds, renewals and claims ask for a lease of
+meant to pass between them. While the last ``MEMORY`` renewals came back up to ``delay``
+seconds late, renewals and claims ask for a lease of
 ``2 * HEARTBEAT_INTERVAL + HEADROOM * delay`` when that is longer than ``LEASE_DURATION``
 (never more than ``MAX_STRETCH`` times it). The local deadline follows the lease each
 statement asked for, so a worker never counts on more than the database gave.
@@ -31,8 +31,8 @@ from collections import deque
 from dataclasses import dataclass
 
 HEADROOM = 3.0
-"""A stretched lease covers a renewal this many times as late as the latest recent one:
-load that keeps growing is met before it costs a lease."""
+"""A stretched lease covers a renewal this many times as late as the worst of the recent
+ones: load that keeps growing is met before it costs a lease."""
 
 MAX_STRETCH = 4.0
 """A stretched lease is at most this many ``LEASE_DURATION``."""
@@ -51,7 +51,7 @@ class Stretch:
     seconds: float
     """The lease asked for from now on."""
     delay: float
-    """How late the latest of the recent renewals came back (seconds)."""
+    """How late the latest renewals came back, at worst (seconds)."""
 
 
 class LeaseLength:
