@@ -155,15 +155,23 @@ def parse_ledger(lines: Iterable[str]) -> tuple[list[Execution], list[dict[str, 
     return sorted(starts.values(), key=lambda e: (e.job, e.attempt)), duplicates, bad
 
 
+MAX_STRETCH = 4.0
+"""The most ``LEASE_DURATION``s a worker's lease is stretched to while its renewals come
+back late: ``django_leasejobs.worker.lease_length.MAX_STRETCH`` (this module stays stdlib
+only; tests/bench/test_bench_chaos_verdict.py checks the two agree)."""
+
+
 def in_flight_until(execution: Execution, lease: float) -> float:
     """The last moment a fault can still cost this execution its outcome.
 
     An execution is in flight from its "start" record until its outcome is recorded. The
-    ledger does not see that write, but a worker never writes an outcome later than one
-    lease after the job returned (it drops outcomes whose lease may have run out), so the
-    window ends one lease after the "end" record; without one, it never ends.
+    ledger does not see that write, but a worker never writes an outcome later than the
+    lease its last renewal asked for after the job returned (it drops outcomes whose lease
+    may have run out): ``LEASE_DURATION``, or up to ``MAX_STRETCH`` times it while its
+    renewals came back late. So the window ends that long after the "end" record;
+    without one, it never ends.
     """
-    return math.inf if execution.end is None else execution.end + lease
+    return math.inf if execution.end is None else execution.end + MAX_STRETCH * lease
 
 
 def hits(fault: Fault, execution: Execution, lease: float) -> bool:
