@@ -56,20 +56,33 @@ class Stretch:
 
 class LeaseLength:
     """The lease the worker asks for now. The heartbeat thread writes it (``renewed``,
-    ``idle``); the main loop reads it for its claims (``seconds``)."""
+    ``idle``); the main loop reads it for its claims (``seconds``) and its registry row
+    (``problem``)."""
 
     def __init__(self, lease_duration: float, heartbeat_interval: float) -> None:
         self.base = lease_duration
         self.beat = heartbeat_interval
-        self._seconds = lease_duration
+        self._now = Stretch(lease_duration, 0.0)
+        """Replaced whole (one reference: the main loop reads it without a lock)."""
         self._delays: deque[float] = deque(maxlen=MEMORY)
         self._last: tuple[float, float] | None = None
         """The previous renewal of an unbroken series: (its send, the lease it asked)."""
 
     @property
     def seconds(self) -> float:
-        """The lease to ask for (a float read: no lock needed)."""
-        return self._seconds
+        """The lease to ask for."""
+        return self._now.seconds
+
+    def problem(self) -> str:
+        """'' while leases are ``LEASE_DURATION``; else why they are longer (the worker's
+        registry row shows it: the admin, ``leasejobs_status``)."""
+        now = self._now
+        if now.seconds == self.base:
+            return ""
+        return (
+            f"renewals came back up to {now.delay:.2f}s late: leases stretched to "
+            f"{now.seconds:g}s (LEASE_DURATION {self.base:g}s)"
+        )
 
     def idle(self) -> None:
         """The heartbeat had no lease to renew, or its renewal failed: the next renewal
@@ -87,11 +100,12 @@ class LeaseLength:
             delay = answered - since - self.beat
         if answered - since < had:  # else the lease had run out: a fault, not a lag
             self._delays.append(max(0.0, delay))
-        wanted = self._wanted(max(self._delays, default=0.0))
-        if wanted == self._seconds:
+        worst = max(self._delays, default=0.0)
+        wanted = self._wanted(worst)
+        if wanted == self._now.seconds:
             return None
-        self._seconds = wanted
-        return Stretch(wanted, max(self._delays, default=0.0))
+        self._now = Stretch(wanted, worst)
+        return self._now
 
     def _wanted(self, delay: float) -> float:
         needed = 2 * self.beat + HEADROOM * delay

@@ -159,9 +159,14 @@ class Worker:
     @property
     def problem(self) -> str:
         """What keeps this worker from working normally, '' when nothing: failing
-        database rounds, and attempts it gave up recording in the last
-        ``PROBLEM_MEMORY`` seconds (on its registry row: admin, ``leasejobs_status``)."""
-        parts = [p for p in (self.rounds.problem, self.recorder.problem()) if p]
+        database rounds, attempts it gave up recording in the last ``PROBLEM_MEMORY``
+        seconds, and leases stretched because renewals come back late (on its registry
+        row: admin, ``leasejobs_status``)."""
+        parts = [
+            p
+            for p in (self.rounds.problem, self.recorder.problem(), self.lease_length.problem())
+            if p
+        ]
         return storable_text("; ".join(parts), 2000)
 
     def thread_context(self) -> ThreadContext:

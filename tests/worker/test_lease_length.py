@@ -43,6 +43,7 @@ def test_renewals_on_time_keep_the_configured_lease() -> None:
     length = LeaseLength(LEASE, BEAT)
     _series(length, [0.01, 0.05, 0.2, 0.3] * 10)
     assert length.seconds == LEASE
+    assert length.problem() == ""  # nothing on the worker's registry row
 
 
 def test_a_late_renewal_stretches_the_lease_in_quarters_up_to_the_cap() -> None:
@@ -56,6 +57,9 @@ def test_a_late_renewal_stretches_the_lease_in_quarters_up_to_the_cap() -> None:
     assert stretch is not None
     assert (stretch.seconds, round(stretch.delay, 6)) == (7.0, 1.4)
     assert length.seconds == 7.0
+    assert length.problem() == (
+        "renewals came back up to 1.40s late: leases stretched to 7s (LEASE_DURATION 4s)"
+    )
     # However late (within the 7 s the one before asked for), never more than
     # MAX_STRETCH leases.
     length.renewed(104.0, 104.05, length.seconds)

@@ -20,6 +20,7 @@ import pytest
 from django.db import connection
 
 from django_leasejobs.models import Job, JobAttempt, JobStatus
+from django_leasejobs.models import Worker as WorkerRow
 from tests import tasks_worker_flow
 from tests.tasks_worker_flow import read_lines
 from tests.waiting import wait_until
@@ -99,18 +100,34 @@ def _lease_seconds(job_id: int) -> float:
     return (job.locked_until - job.heartbeat_at).total_seconds()
 
 
+def _problem(worker_id: str) -> str:
+    row = WorkerRow.objects.filter(pk=worker_id).first()
+    return "" if row is None else row.problem
+
+
+@pytest.mark.parametrize("pool", ["process", "thread"])
 def test_slow_renewals_stretch_the_lease_and_the_job_runs_once(
-    workers: Workers, marker_dir: str, slow_renewals: None
+    workers: Workers, marker_dir: str, slow_renewals: None, pool: str
 ) -> None:
     lease = FAST_OPTIONS["LEASE_DURATION"]
     job_id = int(tasks_worker_flow.wait_for_gate.enqueue(marker_dir, "held").id)
-    worker = workers.start(options={"HEARTBEAT_INTERVAL": 0.1}, args=["--concurrency", "1"])
+    worker_id = f"slow-{pool}"
+    worker = workers.start(
+        options={"HEARTBEAT_INTERVAL": 0.1},
+        args=["--pool", pool, "--concurrency", "1", "--worker-id", worker_id],
+    )
     wait_until(lambda: read_lines(marker_dir, "held.started"), what="the job to start")
     # Renewed with a longer lease than LEASE_DURATION ...
     wait_until(
         lambda: _lease_seconds(job_id) > lease + 0.5,
         timeout=20,
         what=lambda: f"a stretched lease (the row holds {_lease_seconds(job_id):.2f}s)",
+    )
+    # ... which the worker's registry row reports (the admin, leasejobs_status) ...
+    wait_until(
+        lambda: "leases stretched to" in _problem(worker_id),
+        timeout=20,
+        what=lambda: f"the stretch on the registry row (problem: {_problem(worker_id)!r})",
     )
     # ... and renewed on, each slower, until they take RAMP_TOP (past the local deadline
     # of LEASE_DURATION two renewals in a row) and twice more.
