@@ -166,7 +166,7 @@ class Heartbeat(WorkerThread):
         # the database never gave: a job handed to a slot then could start after another
         # worker re-claimed it (bench/chaos.py's stale start after a SIGSTOP).
         table.renewed({lease: asked[lease].generation for lease in result.held}, started, seconds)
-        stretch = length.renewed(started, answered, seconds)
+        stretch = length.renewed(started, answered)
         if stretch is not None:
             self._stretched(stretch)
         if took > SLOW_ROUND_SHARE * self.ctx.options.lease_duration:

@@ -89,9 +89,11 @@ class LeaseLength:
         has no predecessor (the gap is no lag)."""
         self._last = None
 
-    def renewed(self, sent: float, answered: float, asked: float) -> Stretch | None:
-        """A renewal asking for ``asked`` seconds was sent at ``sent`` and answered at
-        ``answered`` (monotonic); the new lease length when it changed."""
+    def renewed(self, sent: float, answered: float) -> Stretch | None:
+        """A renewal sent at ``sent`` and answered at ``answered`` (monotonic), asking for
+        :attr:`seconds` (only this method changes it); the new lease length when it
+        changed."""
+        asked = self._now.seconds
         previous, self._last = self._last, (sent, asked)
         if previous is None:  # the first of a series: its round trip alone
             since, had, delay = sent, asked, answered - sent

@@ -7,6 +7,7 @@ import importlib.util
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 
 from tests.conftest import REPO_ROOT
@@ -15,9 +16,14 @@ BENCH_DIR = REPO_ROOT / "bench"
 
 
 def load_bench(name: str) -> ModuleType:
-    """``bench/<name>.py`` as the module ``bench_<name>`` (registered in ``sys.modules``:
-    dataclasses look their module up while decorating)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH_DIR / f"{name}.py")
+    """``bench/<name>.py`` as the module ``bench_<name>``."""
+    return load_file(BENCH_DIR / f"{name}.py", f"bench_{name}")
+
+
+def load_file(path: Path, module_name: str) -> ModuleType:
+    """The Python file ``path`` as the module ``module_name`` (registered in
+    ``sys.modules``: dataclasses look their module up while decorating)."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

