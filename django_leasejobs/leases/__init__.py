@@ -72,7 +72,16 @@ from .keys import debounce, key_holder, runnable_after
 from .operator import backend_database, cancel, retry
 from .reap import find_stale, reap
 from .renew import renew, save_checkpoint, save_metadata, set_progress
-from .rollups import ENDING_COUNTERS, RollupKey, Tally, add_tally, minute_of
+from .rollups import (
+    COUNTER_AT,
+    ENDING_COUNTERS,
+    RollupKey,
+    Tally,
+    add_tally,
+    minute_of,
+    run_at,
+    wait_at,
+)
 from .rules import (
     MAX_ERROR_CLASS_LENGTH,
     MAX_ERROR_LENGTH,
@@ -105,6 +114,7 @@ from .workflow_ops import (
 )
 
 __all__ = [
+    "COUNTER_AT",
     "ENDING_COUNTERS",
     "MAX_ERROR_CLASS_LENGTH",
     "MAX_ERROR_LENGTH",
@@ -158,6 +168,8 @@ __all__ = [
     "key_holder",
     "mark_cancelled",
     "minute_of",
+    "run_at",
+    "wait_at",
     "notify",
     "parent_outcomes",
     "portable_path",

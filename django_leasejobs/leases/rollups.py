@@ -38,9 +38,20 @@ class RollupKey(NamedTuple):
     task_path: str
 
 
-_COUNTER_AT = {name: index for index, name in enumerate(ROLLUP_COUNTERS)}
+COUNTER_AT = {name: index for index, name in enumerate(ROLLUP_COUNTERS)}
+"""Where each counter of ``ROLLUP_COUNTERS`` is in a :meth:`Tally.row`."""
 _WAIT_AT = len(ROLLUP_COUNTERS)
 _RUN_AT = _WAIT_AT + BUCKETS
+
+
+def wait_at(seconds: float) -> int:
+    """Where a wait of ``seconds`` (enqueue to claim) is counted in a :meth:`Tally.row`."""
+    return _WAIT_AT + bucket_of(seconds)
+
+
+def run_at(seconds: float) -> int:
+    """Where a run of ``seconds`` is counted in a :meth:`Tally.row`."""
+    return _RUN_AT + bucket_of(seconds)
 
 
 ENDING_COUNTERS = {
@@ -70,7 +81,10 @@ class Tally:
     def __init__(self) -> None:
         self.rows: dict[RollupKey, list[int]] = {}
 
-    def _row(self, key: RollupKey) -> list[int]:
+    def row(self, key: RollupKey) -> list[int]:
+        """The counts of ``key``'s row (zeros if new), in ``VALUE_COLUMNS`` order, to add
+        to in place at :data:`COUNTER_AT`, :func:`wait_at` and :func:`run_at`: for a
+        writer that counts many jobs into few rows (a worker's round)."""
         row = self.rows.get(key)
         if row is None:
             row = self.rows[key] = [0] * len(VALUE_COLUMNS)
@@ -78,18 +92,18 @@ class Tally:
 
     def count(self, key: RollupKey, counter: str, n: int = 1) -> None:
         """Add ``n`` to ``counter`` (one of ``ROLLUP_COUNTERS``) of ``key``'s row."""
-        self._row(key)[_COUNTER_AT[counter]] += n
+        self.row(key)[COUNTER_AT[counter]] += n
 
     def wait(self, key: RollupKey, seconds: float, n: int = 1) -> None:
-        self._row(key)[_WAIT_AT + bucket_of(seconds)] += n
+        self.row(key)[wait_at(seconds)] += n
 
     def run(self, key: RollupKey, seconds: float) -> None:
-        self._row(key)[_RUN_AT + bucket_of(seconds)] += 1
+        self.row(key)[run_at(seconds)] += 1
 
     def merge(self, other: Tally) -> None:
         """Add ``other``'s counts to this tally."""
         for key, values in other.rows.items():
-            row = self._row(key)
+            row = self.row(key)
             for index, value in enumerate(values):
                 row[index] += value
 

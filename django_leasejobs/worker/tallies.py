@@ -13,27 +13,33 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from .. import leases
-from ..leases import ClaimedJob, RollupKey, Tally, minute_of
+from ..leases import COUNTER_AT, ClaimedJob, RollupKey, Tally, minute_of, run_at, wait_at
 from .rounds import RoundPlan, RoundResult
 
+_ENDED_AT = {status: COUNTER_AT[name] for status, name in leases.ENDING_COUNTERS.items()}
+"""Where an ended attempt is counted, by the job's new status."""
+_STARTED_AT = COUNTER_AT["started"]
+_ENQUEUED_AT = COUNTER_AT["enqueued"]
 
-class _Keys:
-    """The rows of one round's tally: the jobs of a round share few (queue, task, minute)
-    triples, so each key is made once (an outcome's time is its own: the key is looked
-    up by its minute)."""
 
-    __slots__ = ("backend", "known")
+class _Rows:
+    """The rows of one round's tally, by the (queue, task, moment) of a job: the jobs of
+    a round share few queues and tasks and, on most databases, few moments (a statement's
+    ``now()``), so the minute and the row of each are found once per round, not once per
+    job (about 1 us each: ``datetime.replace`` and a key's hash)."""
 
-    def __init__(self, backend: str) -> None:
+    __slots__ = ("backend", "known", "tally")
+
+    def __init__(self, tally: Tally, backend: str) -> None:
+        self.tally = tally
         self.backend = backend
-        self.known: dict[tuple[str, str, datetime], RollupKey] = {}
+        self.known: dict[tuple[str, str, datetime], list[int]] = {}
 
-    def __call__(self, job: ClaimedJob, when: datetime) -> RollupKey:
-        minute = minute_of(when)
-        found = self.known.get((job.queue, job.task_path, minute))
+    def __call__(self, job: ClaimedJob, when: datetime) -> list[int]:
+        found = self.known.get((job.queue, job.task_path, when))
         if found is None:
-            found = RollupKey(self.backend, minute, job.queue, job.task_path)
-            self.known[(job.queue, job.task_path, minute)] = found
+            key = RollupKey(self.backend, minute_of(when), job.queue, job.task_path)
+            found = self.known[(job.queue, job.task_path, when)] = self.tally.row(key)
         return found
 
 
@@ -41,39 +47,41 @@ def round_tally(plan: RoundPlan, result: RoundResult, backend: str) -> Tally:
     """The counts of one round: its written outcomes, its claims, and the claims it gave
     back unused (which take their counts back)."""
     tally = Tally()
-    key_of = _Keys(backend)
+    row_of = _Rows(tally, backend)
     ended = [(r.job, o.duration, False) for r, o in plan.successes]
     ended += [(r.job, duration, f.snooze) for r, _, f, duration in plan.failures]
+    statuses, finished_at = result.statuses, result.finished_at
     for job, duration, snoozed in ended:
-        status = result.statuses.get(job.lease)
-        counter = None if status is None or snoozed else leases.ENDING_COUNTERS.get(status)
-        if counter is None:
+        lease = (job.id, job.attempt)
+        status = statuses.get(lease)
+        at = None if status is None or snoozed else _ENDED_AT.get(status)
+        if at is None:
             continue
-        finished = result.finished_at.get(job.lease)
+        finished = finished_at.get(lease)
         if finished is None and job.last_attempted_at is not None:
             finished = job.last_attempted_at + timedelta(seconds=duration)
         if finished is None:
             continue  # (a row without a claim time: written by hand)
-        key = key_of(job, finished)
-        tally.count(key, counter)
-        tally.run(key, duration)
+        row = row_of(job, finished)
+        row[at] += 1
+        row[run_at(duration)] += 1
     if result.deferred is not None:
         deferred = {r.job.lease: r.job for r, _ in plan.deferrals}
         for lease, status in result.deferred.dead.written.items():
             when = result.deferred.dead.finished_at.get(lease)
-            counter = leases.ENDING_COUNTERS.get(status)
-            if lease in deferred and when is not None and counter is not None:
-                tally.count(key_of(deferred[lease], when), counter)
-        _claims(tally, key_of, (deferred[lease] for lease in result.deferred.delays), -1)
+            at = _ENDED_AT.get(status)
+            if lease in deferred and when is not None and at is not None:
+                row_of(deferred[lease], when)[at] += 1
+        _claims(row_of, (deferred[lease] for lease in result.deferred.delays), -1)
     if result.unclaimed:
         given_back = (r.job for r, _ in plan.unclaims if r.job.lease in result.unclaimed)
-        _claims(tally, key_of, given_back, -1)
+        _claims(row_of, given_back, -1)
     if result.claimed:
-        _claims(tally, key_of, result.claimed, 1)
+        _claims(row_of, result.claimed, 1)
     return tally
 
 
-def _claims(tally: Tally, key_of: _Keys, jobs: Iterable[ClaimedJob], sign: int) -> None:
+def _claims(row_of: _Rows, jobs: Iterable[ClaimedJob], sign: int) -> None:
     """Claims (``sign`` 1), or claims given back unused (-1, the same counts taken back):
     ``started`` in the claim's minute; for a job's first attempt also ``enqueued`` in the
     minute it was enqueued, and its wait from enqueue to this claim."""
@@ -81,8 +89,8 @@ def _claims(tally: Tally, key_of: _Keys, jobs: Iterable[ClaimedJob], sign: int) 
         claimed = job.last_attempted_at
         if claimed is None:
             continue
-        key = key_of(job, claimed)
-        tally.count(key, "started", sign)
+        row = row_of(job, claimed)
+        row[_STARTED_AT] += sign
         if job.attempt == 1 and job.enqueued_at is not None:
-            tally.count(key_of(job, job.enqueued_at), "enqueued", sign)
-            tally.wait(key, (claimed - job.enqueued_at).total_seconds(), sign)
+            row_of(job, job.enqueued_at)[_ENQUEUED_AT] += sign
+            row[wait_at((claimed - job.enqueued_at).total_seconds())] += sign
