@@ -226,6 +226,10 @@ def _claim_main_lane(
         if d.vendor != "postgresql":
             return [tuple(row) for row in rows]
         zone = django_zone(d.using)
+        if not rows or rows[0][-1].tzinfo is zone:
+            # The loader gives every value the connection's zone: when it is Django's (UTC
+            # with USE_TZ, the common case) the rows are already as Django reads them.
+            return rows
         return [
             (
                 *row[:_ENQUEUED_AT],
