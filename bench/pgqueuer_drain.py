@@ -36,7 +36,8 @@ What it does (issue 32):
 4. **This project:** ``runworker --burst`` (it exits once nothing is left), logging at
    WARNING (the settings shim of ``bench/shim.py``): ``--pool process --concurrency 4``;
    ``--pool thread --concurrency 16``; ``async def`` no-ops in the process pool,
-   ``--concurrency 2`` (each slot's event loop runs up to 100 at once); and for each
+   ``--concurrency 2`` (each slot's event loop runs up to 100 at once); sync no-ops the
+   same way, ``--concurrency 2 --sync-on-loop`` (each in a thread); and for each
    ``--forked`` N (2), ``--processes N --pool thread --concurrency 8`` (N workers forked
    from one command).
 5. **Rounds.** ``--rounds`` (3) times every row once, each round starting with another
@@ -150,23 +151,28 @@ class OurRow:
     concurrency: int
     processes: int = 1
     task: str = "noop"
+    sync_on_loop: bool = False
+    """``--sync-on-loop``: sync jobs on the slots' event loops, each in a thread."""
 
     system = "django-leasejobs"
     name = ""
 
     @property
     def key(self) -> str:
-        return f"ours-{self.pool}-c{self.concurrency}-p{self.processes}-{self.task}"
+        loop = "-on-loop" if self.sync_on_loop else ""
+        return f"ours-{self.pool}-c{self.concurrency}-p{self.processes}-{self.task}{loop}"
 
     @property
     def settings(self) -> str:
         forked = f" --processes {self.processes}" if self.processes > 1 else ""
         jobs = ", async def jobs" if self.task == "anoop" else ""
-        return f"runworker{forked} --pool {self.pool} --concurrency {self.concurrency}{jobs}"
+        loop = " --sync-on-loop" if self.sync_on_loop else ""
+        return f"runworker{forked} --pool {self.pool} --concurrency {self.concurrency}{loop}{jobs}"
 
     @property
     def in_flight(self) -> str:
-        per_slot = 100 if self.task == "anoop" else 1  # --async-concurrency's default
+        on_loop = self.task == "anoop" or self.sync_on_loop
+        per_slot = 100 if on_loop else 1  # --async-concurrency's default
         return f"{self.processes * self.concurrency * per_slot:,}"
 
 
@@ -203,6 +209,7 @@ def our_rows(forked: Sequence[int]) -> list[OurRow]:
         OurRow("process", 4),
         OurRow("thread", 16),
         OurRow("process", 2, task="anoop"),
+        OurRow("process", 2, sync_on_loop=True),
         *(OurRow("thread", 8, processes=n) for n in forked if n > 1),
     ]
 
@@ -591,6 +598,7 @@ class Bench:
             *(sys.executable, str(REPO_ROOT / "testproject" / "manage.py"), "runworker"),
             *("--burst", "--pool", row.pool, "--concurrency", str(row.concurrency)),
             *(("--processes", str(row.processes)) if row.processes > 1 else ()),
+            *(("--sync-on-loop",) if row.sync_on_loop else ()),
         ]
         run = self.spawn(row, argv, self.env)
         [(first, last, total, good, attempts)] = self.execute(

@@ -168,8 +168,6 @@ __all__ = [
     "key_holder",
     "mark_cancelled",
     "minute_of",
-    "run_at",
-    "wait_at",
     "notify",
     "parent_outcomes",
     "portable_path",
@@ -181,6 +179,7 @@ __all__ = [
     "retry",
     "retry_deadlocks",
     "retry_failed_steps",
+    "run_at",
     "runnable_after",
     "save_checkpoint",
     "save_metadata",
@@ -190,5 +189,6 @@ __all__ = [
     "settle_new_steps",
     "storable_text",
     "unclaim",
+    "wait_at",
     "waits_for",
 ]

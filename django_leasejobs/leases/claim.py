@@ -222,7 +222,7 @@ def _claim_main_lane(
                 f"RETURNING {columns}",
                 [*pick_params, *set_params],
             )
-            rows = cursor.fetchall()
+            rows: list[tuple[Any, ...]] = cursor.fetchall()
         if d.vendor != "postgresql":
             return [tuple(row) for row in rows]
         zone = django_zone(d.using)

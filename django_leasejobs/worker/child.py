@@ -36,7 +36,8 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
@@ -45,7 +46,15 @@ from django.db import close_old_connections, connections
 
 from ..serialization import depth_limits
 from ..tracing import flush_spans
-from .execution import JobSpec, execute, execute_async
+from .execution import (
+    JobSpec,
+    LostFlag,
+    Outcome,
+    ProgressSink,
+    execute,
+    execute_async,
+    runs_on_a_loop,
+)
 
 # Messages: child -> parent
 MSG_READY = "ready"
@@ -113,6 +122,9 @@ class SlotState:
 
     lock: Any  # multiprocessing.synchronize.Lock (fork context)
     values: Any  # multiprocessing.sharedctypes.RawArray('q', SLOT_VALUES)
+    loop_jobs: int = 1
+    """The most jobs the parent runs at once on the child's event loop
+    (``ASYNC_CONCURRENCY``): the threads its sync jobs may need (``--sync-on-loop``)."""
 
 
 Start = Literal["start", "taken back", "too late"]
@@ -158,8 +170,9 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
 
 class SlotLoop:
     """The event loop of a slot's child, in a thread of its own (started with the first
-    ``async def`` job): runs the jobs it is given at once, each in an asyncio task named
-    after its lease, and delivers ``CancelledError`` to a job the parent stops.
+    job it runs): runs the jobs it is given at once, each in an asyncio task named after
+    its lease, and delivers ``CancelledError`` to a job the parent stops. A sync job
+    (``--sync-on-loop``) runs in a thread of the loop's own, its task waiting for it.
 
     Outcomes and progress go to a sender thread, which writes them to the pipe: the loop
     never waits on a parent slow to read. A monitor thread measures how long the loop
@@ -170,6 +183,9 @@ class SlotLoop:
         self.loop = asyncio.new_event_loop()
         self.tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.threads: ThreadPoolExecutor | None = None
+        """The threads of sync jobs, made with the first (as many as the parent runs at
+        once on the loop: a job never waits for a thread after it started)."""
         for target, name in (
             (self._run, "leasejobs-loop"),
             (self._monitor, "leasejobs-loop-monitor"),
@@ -248,9 +264,46 @@ class SlotLoop:
         def progress(lease: tuple[int, int], fraction: float | None, text: str | None) -> None:
             self.outbox.put((MSG_PROGRESS, lease, fraction, text))
 
-        outcome = await execute_async(spec, progress_sink=progress)
+        if runs_on_a_loop(spec):
+            outcome = await execute_async(spec, progress_sink=progress)
+        else:
+            outcome = await self._in_thread(spec, progress)
         self.tasks.pop(spec.job.lease, None)
         self.outbox.put((MSG_OUTCOME, outcome))
+
+    async def _in_thread(self, spec: JobSpec, progress: ProgressSink) -> Outcome:
+        """A sync job, in a thread: the stop the parent sends (``CancelledError``) sets
+        its ``context.lease_lost`` and is otherwise waited out, since a thread cannot be
+        stopped. Its outcome then reads as stopped (``Outcome.cancelled``); one that
+        outlives ``LOCK_LOST_GRACE`` has the parent kill the slot, as a coroutine that
+        ignores its ``CancelledError`` does."""
+        if self.threads is None:
+            self.threads = ThreadPoolExecutor(
+                max_workers=self.state.loop_jobs, thread_name_prefix="leasejobs-loop-job"
+            )
+        flag = LostFlag()
+        running = self.loop.run_in_executor(self.threads, _run_in_thread, spec, progress, flag)
+        while True:
+            try:
+                outcome = await asyncio.shield(running)
+            except asyncio.CancelledError:
+                flag.set()
+                continue
+            return replace(outcome, cancelled=True) if flag.is_set() else outcome
+
+
+def _run_in_thread(
+    spec: JobSpec,
+    progress: ProgressSink,
+    flag: LostFlag,
+) -> Outcome:
+    """One sync job in a thread of a slot's event loop; the thread's database
+    connections closed after it, as a thread-pool slot's are."""
+    try:
+        return execute(spec, progress_sink=progress, lost_flag=flag)
+    finally:
+        with contextlib.suppress(Exception):
+            connections.close_all()
 
 
 TASK_NAME_PREFIX = "leasejobs-job:"

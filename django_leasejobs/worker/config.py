@@ -34,6 +34,9 @@ class WorkerConfig:
     """Run the scheduler thread; None = unless ``burst`` (only when there are schedules)."""
     async_concurrency: int | None = None
     """``async def`` jobs a slot runs at once; None: the backend's ``ASYNC_CONCURRENCY``."""
+    sync_on_loop: bool = False
+    """Process pool: sync jobs ride the slots' event loops too, each in a thread of its
+    slot, up to ``async_concurrency`` jobs at once per slot (``--sync-on-loop``)."""
     supervised: bool = False
     """Forked by ``runworker --processes`` (``supervisor.py``): a stop signal repeated
     within ``SAME_STOP_WINDOW`` is the same request heard twice, not "again, now"."""

@@ -86,7 +86,8 @@ class Outcome:
     """What the slot decided about a failure's exception (``retry.verdict``)."""
     duration: float = 0.0
     cancelled: bool = False
-    """An ``async def`` job that ended on a ``CancelledError`` (the slot's way to stop it)."""
+    """An ``async def`` job that ended on a ``CancelledError`` (the slot's way to stop it),
+    or a sync job on a slot's event loop that ended after it was sent one."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # One per job through a slot's pipe: a tuple pickles faster than the default, and

@@ -41,6 +41,7 @@ class Handover:
         recorder: Recorder,
         reporter: Reporter,
         database: str,
+        sync_on_loop: bool = False,
     ) -> None:
         self.pool = pool
         self.book = book
@@ -52,6 +53,8 @@ class Handover:
         """A slot reported an outcome or died since the loop last looked (claim again)."""
         self.loops = pool.kind == "process"
         """``async def`` jobs run at once on the slots' event loops (process pool)."""
+        self.sync_on_loop = sync_on_loop and self.loops
+        """Sync jobs ride the slots' event loops too, each in a thread (``--sync-on-loop``)."""
         self._async_tasks: dict[str, bool] = {}
         """Whether each task path's task is an ``async def`` one (asked once per path)."""
 
@@ -78,7 +81,7 @@ class Handover:
             except Exception:  # a module that fails to import
                 task = None  # the slot reports the clear error; nothing is called
             running = RunningJob(job=job, task=task, started=now)
-            if self.loops and task is not None and self._is_async(job.task_path, task):
+            if self._on_loop(job.task_path, task):
                 running.on_loop = True
                 on_loop += 1
             self.book.add(running, claim_sent, lease)
@@ -86,6 +89,14 @@ class Handover:
         if self.loops:
             self.dispatcher.note_claimed(len(claimed), on_loop)
         self.dispatch()
+
+    def _on_loop(self, task_path: str, task: AnyTask | None) -> bool:
+        """The job runs on a slot's event loop: an ``async def`` job in the process pool,
+        or any job there with ``--sync-on-loop`` (not one whose task did not resolve: it
+        fails alone, in a slot of its own)."""
+        if not self.loops or task is None:
+            return False
+        return self.sync_on_loop or self._is_async(task_path, task)
 
     def _is_async(self, task_path: str, task: AnyTask) -> bool:
         known = self._async_tasks.get(task_path)
@@ -346,7 +357,7 @@ class Handover:
         if isinstance(event, Outcome):
             self.dispatcher.note_duration(event.duration)
             if event.cancelled and running.stop_reason is not None:
-                self._stopped(running, "its coroutine ended on the CancelledError it was sent")
+                self._stopped(running, "it ended after the CancelledError it was sent")
                 return
             # A real outcome wins even when a stop raced it: the job did finish. (A
             # lost lease is still safe: the fence rejects the write.)

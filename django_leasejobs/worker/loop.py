@@ -130,6 +130,7 @@ class Worker:
             recorder=self.recorder,
             reporter=self.reporter,
             database=self.database,
+            sync_on_loop=config.sync_on_loop,
         )
         self.rounds = RoundDriver(
             worker_id=self.worker_id,

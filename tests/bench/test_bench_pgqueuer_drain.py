@@ -75,10 +75,11 @@ def test_our_rows_and_what_they_hold_in_flight() -> None:
         "runworker --pool process --concurrency 4",
         "runworker --pool thread --concurrency 16",
         "runworker --pool process --concurrency 2, async def jobs",
+        "runworker --pool process --concurrency 2 --sync-on-loop",
         "runworker --processes 2 --pool thread --concurrency 8",
         "runworker --processes 4 --pool thread --concurrency 8",
     ]
-    assert [row.in_flight for row in rows] == ["4", "16", "200", "16", "32"]
+    assert [row.in_flight for row in rows] == ["4", "16", "200", "200", "16", "32"]
     assert len({row.key for row in rows}) == len(rows)
 
 

@@ -116,6 +116,14 @@ class Command(BaseCommand):
             "one per slot.",
         )
         parser.add_argument(
+            "--sync-on-loop",
+            action="store_true",
+            help="Process pool: run sync jobs on the slots' event loops too, each in a "
+            "thread of its slot, up to --async-concurrency at once per slot: for many "
+            "short I/O-bound jobs. Jobs then share their slot's process: a lost lease or a "
+            "crash of one ends the others on it too (given back, no attempt counted).",
+        )
+        parser.add_argument(
             "--prefetch",
             type=non_negative_int,
             default=None,
@@ -220,6 +228,11 @@ class Command(BaseCommand):
                     f"--queues names queues not in TASKS[{backend.alias!r}]['QUEUES']: "
                     f"{', '.join(unknown)}"
                 )
+        if options["sync_on_loop"] and options["pool"] != "process":
+            raise CommandError(
+                "--sync-on-loop runs sync jobs on the process pool's event loops: leave it "
+                "out with --pool thread (whose threads run sync jobs at once already)"
+            )
         config = WorkerConfig(
             backend=options["backend"],
             queues=options["queues"],
@@ -231,6 +244,7 @@ class Command(BaseCommand):
             shutdown_timeout=options["shutdown_timeout"],
             prefetch=options["prefetch"],
             async_concurrency=options["async_concurrency"],
+            sync_on_loop=options["sync_on_loop"],
             scheduler=False if options["no_scheduler"] else None,
         )
         processes = options["processes"]

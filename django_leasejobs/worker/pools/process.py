@@ -115,7 +115,9 @@ class ProcessPool:
         bell_r, bell_w = os.pipe()
         os.set_blocking(bell_r, False)
         os.set_blocking(bell_w, False)
-        state = SlotState(self._ctx.Lock(), self._ctx.RawArray("q", SLOT_VALUES))
+        state = SlotState(
+            self._ctx.Lock(), self._ctx.RawArray("q", SLOT_VALUES), self.async_concurrency
+        )
         # The other slots' lifeline write ends and bells must not stay open in this
         # child, or a dead worker would go unnoticed by them. Closed ones (-1) are
         # skipped: their fd numbers may already be reused by the pipes just created.

@@ -1,0 +1,171 @@
+"""``runworker --sync-on-loop`` (issue 32, point 4): sync jobs ride a process-pool slot's
+event loop, many at once, each in a thread of the slot, with real ``runworker``
+subprocesses.
+
+They keep every rule of a job on the loop: a stop (a cancel, a timeout, a shutdown)
+reaches the job as ``context.lease_lost`` and is waited out, and a job that outlives
+``LOCK_LOST_GRACE`` after it gets its slot killed, its neighbours released as collateral.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
+from tests import tasks_sync_loop
+from tests.waiting import wait_until
+from tests.worker.test_async_jobs import (
+    BURST_BOUND,
+    JSON_ENV,
+    JSON_LOGS,
+    assert_collateral,
+    attempts,
+    lines,
+    statuses,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+ON_LOOP = ["--sync-on-loop", "--concurrency", "1"]
+
+
+def test_twenty_sync_jobs_run_at_once_in_one_slot(workers, marker_dir: str) -> None:
+    ids = [int(tasks_sync_loop.doze.enqueue(marker_dir, "doze", 2.0).id) for _ in range(20)]
+    worker = workers.start(args=[*ON_LOOP, "--async-concurrency", "20", "--burst"])
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    assert statuses(ids) == {JobStatus.SUCCEEDED: 20}
+    starts = lines(marker_dir, "doze.starts")
+    assert sorted(int(job) for job, *_ in starts) == sorted(ids)  # each once
+    assert {attempt for _, attempt, *_ in starts} == {"1"}
+    assert len({pid for _, _, pid, _, _ in starts}) == 1  # one slot's child ran them all
+    assert len({thread for _, _, _, thread, _ in starts}) == 20  # a thread each
+    # All of them slept at once: each started before any ended.
+    first_end = min(float(clock) for *_, clock in lines(marker_dir, "doze.ends"))
+    assert max(float(clock) for *_, clock in starts) < first_end
+    assert not JobAttempt.objects.filter(job_id__in=ids).exists()
+
+
+def test_the_slot_runs_no_more_at_once_than_async_concurrency(workers, marker_dir: str) -> None:
+    ids = [int(tasks_sync_loop.doze.enqueue(marker_dir, "doze", 0.5).id) for _ in range(12)]
+    worker = workers.start(args=[*ON_LOOP, "--async-concurrency", "4", "--burst"])
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    assert statuses(ids) == {JobStatus.SUCCEEDED: 12}
+    events = [(float(clock), 1) for *_, clock in lines(marker_dir, "doze.starts")]
+    events += [(float(clock), -1) for *_, clock in lines(marker_dir, "doze.ends")]
+    running = most = 0
+    for _, step in sorted(events, key=lambda event: (event[0], event[1])):
+        running += step
+        most = max(most, running)
+    assert most == 4
+
+
+def test_a_cancelled_sync_job_is_told_and_its_neighbours_run_on(workers, marker_dir: str) -> None:
+    from django_leasejobs.leases import cancel
+
+    stopped = int(tasks_sync_loop.until_told.enqueue(marker_dir, "stopped").id)
+    neighbours = [int(tasks_sync_loop.doze.enqueue(marker_dir, "doze", 3.0).id) for _ in range(5)]
+    worker = workers.start(args=[*ON_LOOP, "--burst"])
+    wait_until(lambda: len(lines(marker_dir, "stopped.starts")) == 1, 30, what="its start")
+    cancel(stopped)
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    assert lines(marker_dir, "stopped.told") == [[str(stopped), "1", "True"]]
+    assert Job.objects.get(pk=stopped).status == JobStatus.CANCELLED
+    [row] = attempts(stopped)
+    assert row.outcome == AttemptOutcome.CANCELLED, row.error_message
+    # Its neighbours in the same slot ran on, once, untouched.
+    assert statuses(neighbours) == {JobStatus.SUCCEEDED: 5}
+    assert len(lines(marker_dir, "doze.starts")) == 5
+
+
+def test_a_sync_job_that_ignores_its_stop_gets_its_slot_killed(workers, marker_dir: str) -> None:
+    from django_leasejobs.leases import cancel
+
+    stubborn = int(tasks_sync_loop.ignores_its_stop.enqueue(marker_dir, "stubborn").id)
+    neighbours = [int(tasks_sync_loop.doze.enqueue(marker_dir, "doze", 4.0).id) for _ in range(4)]
+    worker = workers.start(
+        options={"LOCK_LOST_GRACE": 1.0},
+        args=[*ON_LOOP, "--burst", *JSON_LOGS],
+        env=JSON_ENV,
+    )
+    wait_until(lambda: len(lines(marker_dir, "doze.starts")) == 4, 30, what="neighbours start")
+    wait_until(lambda: lines(marker_dir, "stubborn.starts"), 30, what="its start")
+    cancel(stubborn)
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    assert Job.objects.get(pk=stubborn).status == JobStatus.CANCELLED
+    [row] = attempts(stubborn)
+    assert row.outcome == AttemptOutcome.CANCELLED
+    # The neighbours died with the slot, were released without an attempt counted, and
+    # ran again: SUCCEEDED at attempt 2 of max_attempts + 1.
+    assert statuses(neighbours) == {JobStatus.SUCCEEDED: 4}
+    assert all(len(attempts(job_id)) == 1 for job_id in neighbours)
+    assert_collateral(worker, stubborn, neighbours, "did not end within 1s")
+    assert Counter(attempt for _, attempt, *_ in lines(marker_dir, "doze.starts")) == {
+        "1": 4,
+        "2": 4,
+    }
+
+
+def test_a_lease_lost_sync_job_kills_its_slot_with_sigkill(workers, marker_dir: str) -> None:
+    """Under the default behaviour a lost lease stops its job at once: the whole child is
+    killed (a thread cannot be stopped alone), and its neighbours run again without an
+    attempt counted."""
+    lost = int(tasks_sync_loop.loses_its_lease.enqueue(marker_dir, "lost").id)
+    neighbours = [int(tasks_sync_loop.doze.enqueue(marker_dir, "doze", 2.0).id) for _ in range(3)]
+    worker = workers.start(args=[*ON_LOOP, *JSON_LOGS], env=JSON_ENV)
+    wait_until(lambda: statuses(neighbours) == {JobStatus.SUCCEEDED: 3}, 40, what="neighbours")
+    assert Counter(attempt for _, attempt, *_ in lines(marker_dir, "doze.starts")) == {
+        "1": 3,
+        "2": 3,
+    }
+    assert all(len(attempts(job_id)) == 1 for job_id in neighbours)
+    assert_collateral(worker, lost, neighbours, "lost its lease")
+    # Killed, never told: the reaper takes it back from the thief once its lease runs out.
+    wait_until(
+        lambda: attempts(lost) and attempts(lost)[0].outcome == AttemptOutcome.LEASE_EXPIRED,
+        30,
+        what=lambda: f"its lease-expired attempt row, got {attempts(lost)}",
+    )
+    assert lines(marker_dir, "lost.told") == []
+
+
+def test_shutdown_tells_sync_jobs_and_releases_them(workers, marker_dir: str) -> None:
+    """A stop signal waits for running jobs up to --shutdown-timeout; then each is told
+    (``context.lease_lost``) and, once it ends, released: pending again, its attempt row
+    ``released``."""
+    ids = [int(tasks_sync_loop.until_told.enqueue(marker_dir, "held").id) for _ in range(3)]
+    worker = workers.start(args=[*ON_LOOP, "--shutdown-timeout", "1"])
+    wait_until(lambda: len(lines(marker_dir, "held.starts")) == 3, 30, what="three starts")
+    worker.terminate()
+    assert worker.wait(timeout=60) == 0, worker.output
+    assert sorted(int(job) for job, *_ in lines(marker_dir, "held.told")) == sorted(ids)
+    assert statuses(ids) == {JobStatus.PENDING: 3}
+    assert set(JobAttempt.objects.filter(job_id__in=ids).values_list("outcome", flat=True)) == {
+        AttemptOutcome.RELEASED
+    }
+
+
+def test_hostile_sync_outcomes_on_the_loop_stay_with_their_job(workers, marker_dir: str) -> None:
+    bad = {
+        kind: int(tasks_sync_loop.returns.enqueue(kind).id)
+        for kind in ("nul", "unstorable", "keyboard", "exit")
+    }
+    healthy = [int(tasks_sync_loop.doze.enqueue(marker_dir, "doze", 0.5).id) for _ in range(10)]
+    worker = workers.start(args=["--sync-on-loop", "--concurrency", "2", "--burst"])
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    for kind, job_id in bad.items():
+        job = Job.objects.get(pk=job_id)
+        assert job.status == JobStatus.FAILED, (kind, job.status, job.last_error)
+        [row] = attempts(job_id)
+        assert row.outcome == AttemptOutcome.ERROR, (kind, row.outcome)
+    assert "KeyboardInterrupt" in Job.objects.get(pk=bad["keyboard"]).last_error
+    assert "SystemExit" in Job.objects.get(pk=bad["exit"]).last_error
+    assert statuses(healthy) == {JobStatus.SUCCEEDED: 10}
+    assert len(lines(marker_dir, "doze.starts")) == 10
+
+
+def test_sync_on_loop_is_refused_with_the_thread_pool() -> None:
+    with pytest.raises(CommandError, match=r"--sync-on-loop .* --pool thread"):
+        call_command("runworker", "--pool", "thread", "--sync-on-loop", "--burst")
