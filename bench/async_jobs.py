@@ -31,7 +31,9 @@ What it does (issue 30, point 5):
    ``--burst``; stopped (SIGTERM) once every job has finished.
 4. **The same work as sync jobs.** ``--sync-jobs`` (40) jobs of ``nap_sync``, which does
    ``time.sleep(0.5)``, with the same worker command: each slot runs one at a time, so
-   2 slots give at most 4 jobs/s.
+   2 slots give at most 4 jobs/s. Then ``--jobs`` of them with ``--sync-on-loop`` added
+   (part ``sync-on-loop``, issue 32 point 4): each runs in a thread of its slot's event
+   loop, as many at once as the async jobs.
 5. **procrastinate** (when it is installed: the ``bench`` dependency group,
    ``.venv-bench``), on the same server in its own database: its schema applied, the
    same ``--jobs`` jobs of the same ``async def`` nap deferred with
@@ -92,10 +94,11 @@ TASK_MODULE = "asyncsite.tasks"
 PEER_APP = "asyncsite.peer.app"
 GOAL_RATE = 1000.0
 """Async jobs per second from one worker, from its spawn to the last job done."""
-PARTS = ("async", "sync", "procrastinate")
+PARTS = ("async", "sync", "sync-on-loop", "procrastinate")
 LABELS = {
     "async": "django-leasejobs, async def",
     "sync": "django-leasejobs, sync",
+    "sync-on-loop": "django-leasejobs, sync, --sync-on-loop",
     "procrastinate": "procrastinate, async def",
 }
 STEADY_TRIM = 0.1
@@ -131,7 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="procrastinate's worker concurrency (default: concurrency x async-concurrency)",
     )
     parser.add_argument(
-        "--only", type=parse_parts, default=list(PARTS), help="async,sync,procrastinate"
+        "--only",
+        type=parse_parts,
+        default=list(PARTS),
+        help="async,sync,sync-on-loop,procrastinate",
     )
     parser.add_argument("--worker-args", default="", help="more runworker arguments")
     parser.add_argument("--smoke", action="store_true", help="300 async and 6 sync jobs")
@@ -444,9 +450,12 @@ class Bench:
 
         args = self.args
         tasks = importlib.import_module(TASK_MODULE)
-        task, jobs = (
-            (tasks.nap_async, args.jobs) if part == "async" else (tasks.nap_sync, args.sync_jobs)
-        )
+        on_loop = part != "sync"  # (async def jobs, or sync ones with --sync-on-loop)
+        task, jobs = {
+            "async": (tasks.nap_async, args.jobs),
+            "sync": (tasks.nap_sync, args.sync_jobs),
+            "sync-on-loop": (tasks.nap_sync, args.jobs),
+        }[part]
         self.execute(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
         self.backend.bulk_enqueue([(task, (n, args.sleep), {}) for n in range(jobs)])
         self.execute("VACUUM ANALYZE leasejobs_job")
@@ -460,6 +469,7 @@ class Bench:
             *("--concurrency", str(args.concurrency)),
             *("--async-concurrency", str(args.async_concurrency)),
             *("--worker-id", f"ajb-{part}"),
+            *(("--sync-on-loop",) if part == "sync-on-loop" else ()),
             *args.worker_args.split(),
         ]
 
@@ -491,7 +501,7 @@ class Bench:
                 "WHERE status = 'succeeded'"
             )
         ]
-        in_flight = args.concurrency * (args.async_concurrency if part == "async" else 1)
+        in_flight = args.concurrency * (args.async_concurrency if on_loop else 1)
         result = figures(part, jobs, in_flight, drained, done, runs.read(run_path))
         result["statements"] = statements
         return result

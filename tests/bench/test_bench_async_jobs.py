@@ -54,7 +54,11 @@ def test_async_jobs_bench_runs_at_smoke_size(subprocess_env: dict[str, str]) -> 
     )
     output = result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    for label, jobs in (("django-leasejobs, async def", 300), ("django-leasejobs, sync", 6)):
+    for label, jobs in (
+        ("django-leasejobs, async def", 300),
+        ("django-leasejobs, sync", 6),
+        ("django-leasejobs, sync, --sync-on-loop", 300),
+    ):
         row = next((line for line in lines if line.startswith(f"| {label} | {jobs} |")), None)
         assert row is not None, output
         assert row.endswith("| yes |"), output  # every job ran once, at attempt 1
@@ -83,6 +87,7 @@ def test_full_run_holds_a_thousand_in_flight_on_both_sides() -> None:
 
 def test_parts_are_checked_and_kept_in_order() -> None:
     assert async_jobs.parse_parts("procrastinate,async") == ["async", "procrastinate"]
+    assert async_jobs.parse_parts("sync-on-loop,sync") == ["sync", "sync-on-loop"]
     with pytest.raises(Exception, match="parts are"):
         async_jobs.parse_parts("async,celery")
 
