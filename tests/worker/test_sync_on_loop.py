@@ -80,6 +80,16 @@ def test_a_cancelled_sync_job_is_told_and_its_neighbours_run_on(workers, marker_
     assert len(lines(marker_dir, "doze.starts")) == 5
 
 
+def test_a_timed_out_sync_job_is_told_and_fails_as_timed_out(workers, marker_dir: str) -> None:
+    late = int(tasks_sync_loop.past_its_timeout.enqueue(marker_dir, "late").id)
+    worker = workers.start(args=[*ON_LOOP, "--burst"])
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    assert lines(marker_dir, "late.told") == [[str(late), "1", "True"]]
+    assert Job.objects.get(pk=late).status == JobStatus.FAILED
+    [row] = attempts(late)
+    assert row.outcome == AttemptOutcome.TIMEOUT, row.error_message
+
+
 def test_a_sync_job_that_ignores_its_stop_gets_its_slot_killed(workers, marker_dir: str) -> None:
     from django_leasejobs.leases import cancel
 
