@@ -89,10 +89,9 @@ async def holds_the_gil(context: Any, marker_dir: str, name: str, count: int) ->
     return sum(range(count))  # the fault under test
 
 
-@task(max_attempts=1)
-async def returns(kind: str) -> Any:
-    """A hostile outcome of an async job (see tests/tasks_worker_poison.py for sync)."""
-    await asyncio.sleep(0)
+def hostile_outcome(kind: str) -> Any:
+    """What a job of ``kind`` returns or raises: a NUL byte, a value that is not JSON,
+    ``KeyboardInterrupt``, ``SystemExit`` (else "fine")."""
     if kind == "nul":
         return "a\x00b"
     if kind == "unstorable":
@@ -102,6 +101,13 @@ async def returns(kind: str) -> Any:
     if kind == "exit":
         raise SystemExit(3)
     return "fine"
+
+
+@task(max_attempts=1)
+async def returns(kind: str) -> Any:
+    """A hostile outcome of an async job (see tests/tasks_worker_poison.py for sync)."""
+    await asyncio.sleep(0)
+    return hostile_outcome(kind)
 
 
 # -- every other feature, for an async job (tests/worker/test_async_features.py) ----------

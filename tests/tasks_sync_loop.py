@@ -13,6 +13,7 @@ from typing import Any
 
 from django_leasejobs import task
 from django_leasejobs.models import Job
+from tests.tasks_async import hostile_outcome
 from tests.tasks_worker import _mark
 
 TOLD_WITHIN = 60.0
@@ -52,16 +53,8 @@ def ignores_its_stop(context: Any, marker_dir: str, name: str) -> None:
 
 @task(max_attempts=1)
 def returns(kind: str) -> Any:
-    """A hostile outcome of a sync job on the loop (see tests/tasks_async.returns)."""
-    if kind == "nul":
-        return "a\x00b"
-    if kind == "unstorable":
-        return {"not json": object()}
-    if kind == "keyboard":
-        raise KeyboardInterrupt
-    if kind == "exit":
-        raise SystemExit(3)
-    return "fine"
+    """A hostile outcome of a sync job on the loop."""
+    return hostile_outcome(kind)
 
 
 @task(takes_context=True, max_attempts=1)

@@ -75,6 +75,31 @@ def assert_collateral(worker: WorkerProcess, culprit: int, neighbours: list[int]
         assert f"job {culprit} (attempt 1) {why}" in entry["reason"], entry
 
 
+def assert_ran_again(
+    worker: WorkerProcess, culprit: int, neighbours: list[int], why: str, starts: list[list[str]]
+) -> None:
+    """The neighbours of ``culprit`` died with its slot and ran again: each SUCCEEDED
+    after one collateral attempt row (:func:`assert_collateral`), and started once at
+    attempt 1 and once at attempt 2 (``starts``: the lines of their run file)."""
+    assert statuses(neighbours) == {JobStatus.SUCCEEDED: len(neighbours)}
+    assert all(len(attempts(job_id)) == 1 for job_id in neighbours)
+    assert_collateral(worker, culprit, neighbours, why)
+    count = len(neighbours)
+    assert Counter(attempt for _, attempt, *_ in starts) == {"1": count, "2": count}
+
+
+def assert_failed_alone(bad: dict[str, int]) -> None:
+    """Each job of ``bad`` (``tasks_async.hostile_outcome``'s kinds) failed, once, with
+    an ``error`` attempt row saying what it raised or returned."""
+    for kind, job_id in bad.items():
+        job = Job.objects.get(pk=job_id)
+        assert job.status == JobStatus.FAILED, (kind, job.status, job.last_error)
+        [row] = attempts(job_id)
+        assert row.outcome == AttemptOutcome.ERROR, (kind, row.outcome)
+    assert "KeyboardInterrupt" in Job.objects.get(pk=bad["keyboard"]).last_error
+    assert "SystemExit" in Job.objects.get(pk=bad["exit"]).last_error
+
+
 def test_a_hundred_async_jobs_run_at_once_in_one_slot(workers, marker_dir: str) -> None:
     ids = [int(tasks_async.nap.enqueue(marker_dir, "nap", 3.0).id) for _ in range(100)]
     worker = workers.start(args=["--concurrency", "1", "--async-concurrency", "100", "--burst"])
@@ -145,12 +170,7 @@ def test_a_lease_lost_async_job_kills_its_slot_with_sigkill(workers, marker_dir:
     worker = workers.start(args=["--concurrency", "1", *JSON_LOGS], env=JSON_ENV)
     wait_until(lambda: statuses(neighbours) == {JobStatus.SUCCEEDED: 3}, 40, what="neighbours")
     # Each ran twice: killed with the slot at attempt 1, then to its end at attempt 2.
-    assert Counter(attempt for _, attempt, *_ in lines(marker_dir, "nap.starts")) == {
-        "1": 3,
-        "2": 3,
-    }
-    assert all(len(attempts(job_id)) == 1 for job_id in neighbours)
-    assert_collateral(worker, lost, neighbours, "lost its lease")
+    assert_ran_again(worker, lost, neighbours, "lost its lease", lines(marker_dir, "nap.starts"))
     # The lost job was killed, not cancelled; the reaper takes it back from the thief
     # once its lease runs out (this worker writes nothing for a lease it lost).
     wait_until(
@@ -185,13 +205,8 @@ def test_a_coroutine_that_ignores_its_cancel_gets_its_slot_killed(workers, marke
     assert row.outcome == AttemptOutcome.CANCELLED
     # The neighbours died with the slot, were released without an attempt counted, and
     # ran again: SUCCEEDED at attempt 2 of max_attempts + 1.
-    assert statuses(neighbours) == {JobStatus.SUCCEEDED: 4}
-    assert all(len(attempts(job_id)) == 1 for job_id in neighbours)
-    assert_collateral(worker, stubborn, neighbours, "did not end within 1s")
-    assert Counter(attempt for _, attempt, *_ in lines(marker_dir, "nap.starts")) == {
-        "1": 4,
-        "2": 4,
-    }
+    starts = lines(marker_dir, "nap.starts")
+    assert_ran_again(worker, stubborn, neighbours, "did not end within 1s", starts)
 
 
 def test_a_coroutine_that_blocks_the_loop_gets_its_slot_killed(workers, marker_dir: str) -> None:
@@ -254,13 +269,7 @@ def test_hostile_async_outcomes_stay_with_their_job(workers, marker_dir: str, po
     healthy = [int(tasks_async.nap.enqueue(marker_dir, "nap", 0.5).id) for _ in range(10)]
     worker = workers.start(args=["--pool", pool, "--concurrency", "2", "--burst"])
     assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
-    for kind, job_id in bad.items():
-        job = Job.objects.get(pk=job_id)
-        assert job.status == JobStatus.FAILED, (kind, job.status, job.last_error)
-        [row] = attempts(job_id)
-        assert row.outcome == AttemptOutcome.ERROR, (kind, row.outcome)
-    assert "KeyboardInterrupt" in Job.objects.get(pk=bad["keyboard"]).last_error
-    assert "SystemExit" in Job.objects.get(pk=bad["exit"]).last_error
+    assert_failed_alone(bad)
     assert statuses(healthy) == {JobStatus.SUCCEEDED: 10}
     assert len(lines(marker_dir, "nap.starts")) == 10
 

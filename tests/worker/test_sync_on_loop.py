@@ -9,8 +9,6 @@ reaches the job as ``context.lease_lost`` and is waited out, and a job that outl
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 from django.core.management import CommandError, call_command
 
@@ -21,7 +19,8 @@ from tests.worker.test_async_jobs import (
     BURST_BOUND,
     JSON_ENV,
     JSON_LOGS,
-    assert_collateral,
+    assert_failed_alone,
+    assert_ran_again,
     attempts,
     lines,
     statuses,
@@ -109,13 +108,8 @@ def test_a_sync_job_that_ignores_its_stop_gets_its_slot_killed(workers, marker_d
     assert row.outcome == AttemptOutcome.CANCELLED
     # The neighbours died with the slot, were released without an attempt counted, and
     # ran again: SUCCEEDED at attempt 2 of max_attempts + 1.
-    assert statuses(neighbours) == {JobStatus.SUCCEEDED: 4}
-    assert all(len(attempts(job_id)) == 1 for job_id in neighbours)
-    assert_collateral(worker, stubborn, neighbours, "did not end within 1s")
-    assert Counter(attempt for _, attempt, *_ in lines(marker_dir, "doze.starts")) == {
-        "1": 4,
-        "2": 4,
-    }
+    starts = lines(marker_dir, "doze.starts")
+    assert_ran_again(worker, stubborn, neighbours, "did not end within 1s", starts)
 
 
 def test_a_lease_lost_sync_job_kills_its_slot_with_sigkill(workers, marker_dir: str) -> None:
@@ -126,12 +120,8 @@ def test_a_lease_lost_sync_job_kills_its_slot_with_sigkill(workers, marker_dir: 
     neighbours = [int(tasks_sync_loop.doze.enqueue(marker_dir, "doze", 2.0).id) for _ in range(3)]
     worker = workers.start(args=[*ON_LOOP, *JSON_LOGS], env=JSON_ENV)
     wait_until(lambda: statuses(neighbours) == {JobStatus.SUCCEEDED: 3}, 40, what="neighbours")
-    assert Counter(attempt for _, attempt, *_ in lines(marker_dir, "doze.starts")) == {
-        "1": 3,
-        "2": 3,
-    }
-    assert all(len(attempts(job_id)) == 1 for job_id in neighbours)
-    assert_collateral(worker, lost, neighbours, "lost its lease")
+    starts = lines(marker_dir, "doze.starts")
+    assert_ran_again(worker, lost, neighbours, "lost its lease", starts)
     # Killed, never told: the reaper takes it back from the thief once its lease runs out.
     wait_until(
         lambda: attempts(lost) and attempts(lost)[0].outcome == AttemptOutcome.LEASE_EXPIRED,
@@ -165,13 +155,7 @@ def test_hostile_sync_outcomes_on_the_loop_stay_with_their_job(workers, marker_d
     healthy = [int(tasks_sync_loop.doze.enqueue(marker_dir, "doze", 0.5).id) for _ in range(10)]
     worker = workers.start(args=["--sync-on-loop", "--concurrency", "2", "--burst"])
     assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
-    for kind, job_id in bad.items():
-        job = Job.objects.get(pk=job_id)
-        assert job.status == JobStatus.FAILED, (kind, job.status, job.last_error)
-        [row] = attempts(job_id)
-        assert row.outcome == AttemptOutcome.ERROR, (kind, row.outcome)
-    assert "KeyboardInterrupt" in Job.objects.get(pk=bad["keyboard"]).last_error
-    assert "SystemExit" in Job.objects.get(pk=bad["exit"]).last_error
+    assert_failed_alone(bad)
     assert statuses(healthy) == {JobStatus.SUCCEEDED: 10}
     assert len(lines(marker_dir, "doze.starts")) == 10
 
