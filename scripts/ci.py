@@ -28,7 +28,7 @@ Environment:
     CI_MARIADB_URL    the MariaDB server (default mysql://root@127.0.0.1:3306/ci)
     CI_RUFF_FORMAT    0 leaves `ruff format --check .` out of `static` and `all`
     CI_PARALLEL       0 runs the two pipelines of `run all` one after the other
-    CI_BUDGET_MIN     `run all`'s time budget in minutes (default 70; 0: every step runs):
+    CI_BUDGET_MIN     `run all`'s time budget in minutes (default 42; 0: every step runs):
                       a "-more" step runs only when predicted to end within it
     CI_WORK           a directory for the virtualenvs, databases and logs, kept and reused
                       (virtualenvs through their install stamps: scripts/_venv.sh); default:
@@ -838,7 +838,7 @@ ALL = ["provision", "static", "py311 (+ py311-more) | py313 (+ py313-more)", "pa
 # prediction scales the step's REFERENCE_MINUTES by how long the pipeline's core took
 # against its own: a machine twice as slow as the reference runs the core and the steps
 # that fit. CI_BUDGET_MIN=0 runs every step.
-BUDGET_MINUTES = float(os.environ.get("CI_BUDGET_MIN", "70"))
+BUDGET_MINUTES = float(os.environ.get("CI_BUDGET_MIN", "42"))
 
 REFERENCE_MINUTES: dict[str, float] = {
     "tests-dj52-postgres": 17.8,

@@ -5,40 +5,51 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from collections.abc import Callable
 
 import pytest
 
 from tests.waiting import wait_until
-from tests.worker_harness import Workers
+from tests.worker_harness import WorkerProcess, Workers
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+DUMP = "most recent call first"
+"""What faulthandler prints above each thread's stack."""
+
+
+def _dumped(worker: WorkerProcess, pid: int, shows: Callable[[str], bool]) -> None:
+    """Send ``pid`` SIGUSR1 until the worker's output shows a new dump for which ``shows``
+    holds (again every 5 s: one dump that came before the frames wanted, on a loaded
+    machine, is not the end); fail at once, with the output, if the worker exits."""
+    before = worker.output.count(DUMP)
+    asked: list[float] = []
+
+    def seen() -> bool:
+        if worker.popen.poll() is not None:
+            raise AssertionError(f"the worker exited ({worker.popen.returncode}):\n{worker.output}")
+        output = worker.output
+        if output.count(DUMP) > before and shows(output):
+            return True
+        if not asked or time.monotonic() - asked[-1] > 5:
+            os.kill(pid, signal.SIGUSR1)
+            asked.append(time.monotonic())
+        return False
+
+    wait_until(seen, 30, what=lambda: f"a stack dump of {pid}; the worker printed:\n{worker.output}")
 
 
 @pytest.mark.parametrize("pool", ["process", "thread"])
 def test_sigusr1_prints_the_stacks_and_the_worker_goes_on(workers: Workers, pool: str) -> None:
     worker = workers.start(args=["--pool", pool, "--concurrency", "1"])
-    os.kill(worker.pid, signal.SIGUSR1)
     # The main thread's frames are in the worker's loop module: in ``_main_loop``, or
-    # still in ``run`` just before it (worker_started is sent from there: on a loaded
-    # machine the signal can come first).
-    wait_until(
-        lambda: "django_leasejobs/worker/loop.py" in worker.output,
-        20,
-        what="the main loop's stack",
-    )
+    # still in ``run`` just before it (worker_started is sent from there).
+    _dumped(worker, worker.pid, lambda output: "django_leasejobs/worker/loop.py" in output)
     assert "leasejobs-heartbeat" in worker.output or "heartbeat.py" in worker.output
     if pool == "process":
         [slot] = worker.slot_pids()
-        dumps = worker.output.count("most recent call first")
-        os.kill(slot, signal.SIGUSR1)
-        wait_until(
-            lambda: (
-                worker.output.count("most recent call first") > dumps
-                and "child_main" in worker.output
-            ),
-            20,
-            what="the slot's stack",
-        )
+        _dumped(worker, slot, lambda output: "child_main" in output)
         assert worker.slot_pids() == [slot]  # the slot lives on
     assert worker.popen.poll() is None
     worker.terminate()
