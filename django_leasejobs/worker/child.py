@@ -53,7 +53,6 @@ from .execution import (
     ProgressSink,
     execute,
     execute_async,
-    runs_on_a_loop,
 )
 
 # Messages: child -> parent
@@ -264,7 +263,7 @@ class SlotLoop:
         def progress(lease: tuple[int, int], fraction: float | None, text: str | None) -> None:
             self.outbox.put((MSG_PROGRESS, lease, fraction, text))
 
-        if runs_on_a_loop(spec):
+        if spec.coroutine:
             outcome = await execute_async(spec, progress_sink=progress)
         else:
             outcome = await self._in_thread(spec, progress)

@@ -97,7 +97,8 @@ class Dispatcher:
         return min(PIPELINE_DEPTH, int(PIPELINE_WORK_SECONDS / max(mean, 1e-6)))
 
     def note_claimed(self, jobs: int, on_loop: int) -> None:
-        """A claim brought ``jobs`` jobs, ``on_loop`` of them ``async def`` ones."""
+        """A claim brought ``jobs`` jobs, ``on_loop`` of them to run on the slots' event
+        loops."""
         if jobs:
             self.loop_share = on_loop / jobs
 

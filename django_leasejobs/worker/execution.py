@@ -16,7 +16,6 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from inspect import iscoroutinefunction
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -61,8 +60,12 @@ class JobSpec:
     call its lease lost by then (no renewal within the local deadline). A slot
     that holds jobs queued behind another gives back those it could not start in time."""
     on_loop: bool = False
-    """An ``async def`` job that the slot runs on its event loop, beside others
-    (``ASYNC_CONCURRENCY``), rather than alone."""
+    """The slot runs it on its event loop, beside others (``ASYNC_CONCURRENCY``), rather
+    than alone: an ``async def`` job in the process pool, or any job there with
+    ``--sync-on-loop``."""
+    coroutine: bool = False
+    """Its task is an ``async def`` one: it runs as a coroutine (a sync job on an event
+    loop runs in a thread of the slot). Decided once by the worker (``Handover``)."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         fields = (
@@ -72,6 +75,7 @@ class JobSpec:
             self.database,
             self.start_by,
             self.on_loop,
+            self.coroutine,
         )
         return (JobSpec, fields)
 
@@ -348,15 +352,6 @@ async def execute_async(
     return await atraced(
         spec.job, spec.backend, lambda: _attempt_async(spec, progress_sink, lost_flag)
     )
-
-
-def runs_on_a_loop(spec: JobSpec) -> bool:
-    """The job's task is an ``async def`` one (False when it does not resolve: then
-    :func:`execute` reports why)."""
-    try:
-        return iscoroutinefunction(resolve(spec.job.task_path).func)
-    except Exception:
-        return False
 
 
 @hot_value

@@ -52,8 +52,9 @@ class Handover:
         self.slot_freed = False
         """A slot reported an outcome or died since the loop last looked (claim again)."""
         self.loops = pool.kind == "process"
-        """``async def`` jobs run at once on the slots' event loops (process pool)."""
-        self.sync_on_loop = sync_on_loop and self.loops
+        """Jobs may run many at once on the slots' event loops (process pool): ``async
+        def`` ones, and sync ones too with ``sync_on_loop``."""
+        self.sync_on_loop = sync_on_loop
         """Sync jobs ride the slots' event loops too, each in a thread (``--sync-on-loop``)."""
         self._async_tasks: dict[str, bool] = {}
         """Whether each task path's task is an ``async def`` one (asked once per path)."""
@@ -229,6 +230,7 @@ class Handover:
             database=self.database,
             start_by=lost_at,
             on_loop=running.on_loop,
+            coroutine=running.task is not None and self._is_async(job.task_path, running.task),
         )
 
     def _announce(self, running: RunningJob) -> None:

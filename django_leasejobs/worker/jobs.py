@@ -25,8 +25,8 @@ class RunningJob:
     started: float
     """Monotonic: when it was claimed, then when it was handed to a slot."""
     on_loop: bool = False
-    """An ``async def`` job that runs on a slot's event loop beside others (process
-    pool)."""
+    """It runs on a slot's event loop beside others (process pool): an ``async def`` job,
+    or any job with ``--sync-on-loop``."""
     dispatched: bool = False
     """Handed to a slot. A prefetched job waits in ``JobBook.ready`` until then (and goes
     back there if its slot gives it back before it started)."""

@@ -37,7 +37,9 @@ def _dumped(worker: WorkerProcess, pid: int, shows: Callable[[str], bool]) -> No
             asked.append(time.monotonic())
         return False
 
-    wait_until(seen, 30, what=lambda: f"a stack dump of {pid}; the worker printed:\n{worker.output}")
+    wait_until(
+        seen, 30, what=lambda: f"a stack dump of {pid}; the worker printed:\n{worker.output}"
+    )
 
 
 @pytest.mark.parametrize("pool", ["process", "thread"])

@@ -39,8 +39,8 @@ class ProcessSlot:
     ready: bool = False
     """Its child said it is ready (``MSG_READY``): no job is handed to it before."""
     on_loop: bool = False
-    """The jobs it holds are ``async def`` jobs running at once on its child's event
-    loop (set as an idle slot is handed jobs)."""
+    """The jobs it holds run at once on its child's event loop (``JobSpec.on_loop``; set
+    as an idle slot is handed jobs)."""
     cancels: dict[Lease, float] = field(default_factory=dict)
     """Jobs on its event loop sent a ``CancelledError``, with when (monotonic) their
     grace ends: the slot is killed if one still runs then."""

@@ -19,7 +19,7 @@ from typing import Literal
 from django.db import connections
 
 from ..child import RING_AFTER
-from ..execution import JobSpec, LostFlag, Outcome, error_info, execute, runs_on_a_loop
+from ..execution import JobSpec, LostFlag, Outcome, error_info, execute
 from .coroutine import SlotCoroutine
 from .events import Event, Lease, ProgressEvent, Retracted, Room, Started, StopAction
 
@@ -103,7 +103,7 @@ class ThreadPool:
 
         while (taken := self._next(slot)) is not None:
             spec, flag = taken
-            coroutine = SlotCoroutine(self._lock) if runs_on_a_loop(spec) else None
+            coroutine = SlotCoroutine(self._lock) if spec.coroutine else None
             with self._lock:
                 slot.coroutine = coroutine
                 if coroutine is not None and flag.is_set():
