@@ -25,7 +25,9 @@ to and from the database, that every job ran exactly once. What it does:
    backend's ``bulk_enqueue``: each run appends ``"<job id> <attempt>\\n"`` to the run
    file with one ``os.write`` (``O_APPEND``), then sleeps ``--job-ms``; with
    ``--async-share F``, that share of them (spread evenly) are of ``arecord``, the same as
-   an ``async def`` task, which the slots run at once on their event loops;
+   an ``async def`` task, which the slots run at once on their event loops; with
+   ``--sync-on-loop-workers F``, that share of the workers (spread evenly) run with
+   ``--sync-on-loop``: the sync jobs too ride their slots' event loops, each in a thread;
 3. starts the load, each process in its own session with a deadline of its own:
    ``--hogs`` CPU hogs (pure-Python busy loops) and ``--db-load`` clients of short write
    transactions against the scratch database: ``pgbench`` (TPC-B-like, scale = clients,
@@ -179,6 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="this share of the jobs (0 to 1, spread evenly) are async def ones, run on the "
         "slots' event loops (0)",
     )
+    parser.add_argument(
+        "--sync-on-loop-workers",
+        type=share,
+        default=0.0,
+        help="this share of the workers (0 to 1, spread evenly) run with --sync-on-loop: "
+        "their sync jobs ride the slots' event loops too (process pool; 0)",
+    )
     parser.add_argument("--lease", type=float, default=4.0, help="LEASE_DURATION (4 s)")
     parser.add_argument("--heartbeat", type=float, default=1.0, help="HEARTBEAT_INTERVAL (1 s)")
     parser.add_argument(
@@ -247,7 +256,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--db-loader pgbench needs --database postgresql")
     if any("=" not in setting for setting in args.pg_setting):
         parser.error("--pg-setting takes NAME=VALUE")
+    if args.sync_on_loop_workers and args.pool != "process":
+        parser.error("--sync-on-loop-workers needs --pool process (runworker --sync-on-loop)")
     return args
+
+
+def on_loop_note(settings: dict[str, Any]) -> str:
+    """``, N with --sync-on-loop`` for a run's settings, or nothing."""
+    share = settings.get("sync_on_loop_workers", 0.0)
+    count = sum(on_loop_worker(index, share) for index in range(settings["workers"]))
+    return f", {count} with --sync-on-loop" if count else ""
+
+
+def on_loop_worker(index: int, share: float) -> bool:
+    """Whether worker ``index`` runs with ``--sync-on-loop``: ``share`` of the workers,
+    spread evenly (as ``--async-share`` spreads the async jobs)."""
+    return int((index + 1) * share) > int(index * share)
 
 
 def worker_options(args: argparse.Namespace) -> dict[str, float]:
@@ -465,7 +489,7 @@ def markdown_row(report: dict[str, Any]) -> str:
     checks = {c["name"]: c for c in v["checks"]}
     return (
         f"| {s['database']} | {report['code']} | {s['workers']} x {s['concurrency']} "
-        f"({s['pool']}) | {s['jobs']:,} | {v['runs']:,} | {len(v['twice']):,} | "
+        f"({s['pool']}{on_loop_note(s)}) | {s['jobs']:,} | {v['runs']:,} | {len(v['twice']):,} | "
         f"{_fmt(checks['succeeded at attempt 1']['value'])} | "
         f"{_fmt(checks['JobAttempt rows']['value'])} | "
         f"{'yes' if checks['workers exited 0']['ok'] else 'NO'} | "
@@ -1140,6 +1164,11 @@ class Run:
                     *(sys.executable, str(manage), "runworker", "--burst"),
                     *("--pool", args.pool, "--concurrency", str(args.concurrency)),
                     *("--worker-id", worker_id),
+                    *(
+                        ["--sync-on-loop"]
+                        if on_loop_worker(index, args.sync_on_loop_workers)
+                        else []
+                    ),
                     *args.worker_args.split(),
                 ],
                 env,
@@ -1256,6 +1285,7 @@ class Run:
                 "jobs": args.jobs,
                 "job_ms": args.job_ms,
                 "async_share": args.async_share,
+                "sync_on_loop_workers": args.sync_on_loop_workers,
                 "options": worker_options(args),
                 "hogs": args.hogs,
                 "db_load": args.db_load,
@@ -1324,7 +1354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(
         f"overload: {s['database']}, {s['workers']} workers x {s['concurrency']} "
-        f"({s['pool']}), {s['jobs']:,} jobs of {s['job_ms']:g} ms, lease {args.lease:g}s, "
+        f"({s['pool']}{on_loop_note(s)}), {s['jobs']:,} jobs of {s['job_ms']:g} ms, "
+        f"{s['async_share']:.0%} async, lease {args.lease:g}s, "
         f"heartbeat {args.heartbeat:g}s, reaper {args.stale_lock_interval:g}s; code "
         f"{report['code']}"
     )

@@ -512,13 +512,15 @@ def bench_python(ctx: Context, venv: Path, python: str | None, version: str) -> 
 # at attempt 1, or a worker failed (bench/README.md, docs/benchmarks.md "Overload").
 @step(
     "overload-smoke-postgres",
-    "overload smoke: bench/overload.py --smoke --async-share 0.5 (a private PostgreSQL, "
-    "production settings; half of the jobs async def)",
+    "overload smoke: bench/overload.py --smoke --async-share 0.5 --sync-on-loop-workers 0.5 "
+    "(a private PostgreSQL, production settings; half of the jobs async def, half of the "
+    "workers with --sync-on-loop)",
 )
 def overload_smoke_postgres(ctx: Context) -> int:
     python = bench_python(ctx, ctx.venv3new, ctx.py3new, "3.13 or 3.12")
     output = ctx.work / "overload-smoke-postgres.json"
-    argv = [python, "bench/overload.py", "--smoke", "--async-share", "0.5", "--output", output]
+    argv = [python, "bench/overload.py", "--smoke", "--async-share", "0.5"]
+    argv += ["--sync-on-loop-workers", "0.5", "--output", output]
     return run(argv)
 
 

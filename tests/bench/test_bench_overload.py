@@ -94,11 +94,26 @@ def test_lease_options_reach_the_workers() -> None:
         ["--database", "sqlite"],
         ["--database", "mariadb", "--db-loader", "pgbench"],
         ["--pg-setting", "fsync"],
+        ["--sync-on-loop-workers", "1.5"],
+        ["--pool", "thread", "--sync-on-loop-workers", "0.5"],
     ],
 )
 def test_bad_options_are_refused(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         overload.parse_args(argv)
+
+
+@pytest.mark.parametrize(
+    ("share", "workers", "on_loop"),
+    [(0.0, 16, 0), (0.5, 16, 8), (0.25, 16, 4), (1.0, 3, 3), (0.5, 3, 1)],
+)
+def test_a_share_of_the_workers_runs_sync_jobs_on_loops(
+    share: float, workers: int, on_loop: int
+) -> None:
+    chosen = [i for i in range(workers) if overload.on_loop_worker(i, share)]
+    assert len(chosen) == on_loop
+    note = overload.on_loop_note({"workers": workers, "sync_on_loop_workers": share})
+    assert note == (f", {on_loop} with --sync-on-loop" if on_loop else "")
 
 
 # -- the run file -----------------------------------------------------------------------------
