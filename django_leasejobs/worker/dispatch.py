@@ -65,8 +65,9 @@ class Dispatcher:
     slow_until: float = 0.0
     """Monotonic time until which ``rounds_slow`` holds."""
     loop_share: float = 0.0
-    """The share of ``async def`` jobs in the last claim that brought jobs: how much of the
-    room on slots' event loops to claim for next."""
+    """The share of jobs for the slots' event loops (``async def`` ones, or every job with
+    ``--sync-on-loop``) in the last claim that brought jobs: how much of the room on the
+    loops to claim for next."""
 
     def __post_init__(self) -> None:
         if self.prefetch_limit < 0:

@@ -249,6 +249,14 @@ LOCK_LOSS_CASES = {
         "env": {},
         "sigterm": False,
     },
+    # The job runs in a thread on its slot's event loop: the lost lease kills the slot.
+    "sigkill-sync-on-loop": {
+        "task": "spawn",
+        "options": {},
+        "env": {},
+        "sigterm": False,
+        "args": ["--sync-on-loop"],
+    },
     "sigterm-handler-exits": {
         "task": "handler-exits",
         "options": {"LOCK_LOST_BEHAVIOR": "sigterm", "LOCK_LOST_GRACE": 1.0},
@@ -278,7 +286,7 @@ def test_lock_loss_while_frozen_kills_the_job_and_keeps_the_newer_attempt(
     spec = LOCK_LOSS_CASES[case]
     worker = workers.start(
         options=spec["options"],
-        args=["--concurrency", "1", "--worker-id", "zombie"],
+        args=["--concurrency", "1", "--worker-id", "zombie", *spec.get("args", [])],
         env=spec["env"],
     )
     task: Any
@@ -579,8 +587,9 @@ def db_proxy() -> Iterator[DatabaseProxy]:
         proxy.close()
 
 
+@pytest.mark.parametrize("on_loop", [[], ["--sync-on-loop"]], ids=["alone", "sync-on-loop"])
 def test_worker_cut_off_from_the_database_kills_the_job_before_its_lease_expires(
-    workers: Workers, marker_dir: str, db_proxy: DatabaseProxy
+    workers: Workers, marker_dir: str, db_proxy: DatabaseProxy, on_loop: list[str]
 ) -> None:
     lease, heartbeat = 4.5, 1.5  # local deadline: lease - heartbeat = 3 s
     url = settings_to_database_url(
@@ -588,7 +597,7 @@ def test_worker_cut_off_from_the_database_kills_the_job_before_its_lease_expires
     )
     worker = workers.start(
         options={"LEASE_DURATION": lease, "HEARTBEAT_INTERVAL": heartbeat},
-        args=["--concurrency", "1", "--worker-id", "cut"],
+        args=["--concurrency", "1", "--worker-id", "cut", *on_loop],
         env={"DATABASE_URL": url},
     )
     result = tasks_worker.spawn_and_wait.enqueue(marker_dir, "cut", 60.0)
