@@ -79,6 +79,7 @@ def claim_round(
     using: str = "default",
     flow: FlowRules = NO_RULES,
     main_lane_first: bool = False,
+    skip_tasks: Collection[str] = (),
 ) -> ClaimRound:
     """:func:`claim`, and whether flow limits held due jobs back (``ClaimRound``).
 
@@ -92,6 +93,9 @@ def claim_round(
     limit, whatever is due under flow control (one statement), and the flow claim only
     for what that leaves of ``limit``. A full limit's backlog then does not make every
     claim a flow claim, at the price of the claim order between the two lanes.
+
+    ``skip_tasks``: task paths whose jobs this claim leaves alone, in both lanes (a worker
+    stands aside from a task it does not know, so that one that knows it takes its jobs).
     """
     if limit <= 0 or (queues is not None and not queues):
         return ClaimRound([])
@@ -106,13 +110,23 @@ def claim_round(
             open_queues = [q for q in queues if q not in limited]
         if open_queues is None or open_queues:
             rows = _claim_main_lane(
-                worker_id, d, limit, lease_duration, backend, open_queues, limited, guard=False
+                worker_id,
+                d,
+                limit,
+                lease_duration,
+                backend,
+                open_queues,
+                limited,
+                guard=False,
+                skip_tasks=skip_tasks,
             )
         flow_claims = len(rows) < limit and (touches_limited or _flow_lane_due(d, backend, queues))
     elif touches_limited:
         flow_claims = True
     else:
-        rows = _claim_main_lane(worker_id, d, limit, lease_duration, backend, queues)
+        rows = _claim_main_lane(
+            worker_id, d, limit, lease_duration, backend, queues, skip_tasks=skip_tasks
+        )
         # Rows claimed: the statement's guard found no job under flow control due.
         flow_claims = not rows and _flow_lane_due(d, backend, queues)
     wanted = limit - len(rows)
@@ -125,6 +139,7 @@ def claim_round(
             queues=queues,
             rules=flow,
             using=using,
+            skip_tasks=skip_tasks,
         )
         rows += more
     rows.sort(key=lambda row: (-row[_PRIORITY], row[-1], row[0]))
@@ -160,16 +175,21 @@ def _claim_main_lane(
     excluded: Collection[str] = (),
     *,
     guard: bool = True,
+    skip_tasks: Collection[str] = (),
 ) -> list[tuple[Any, ...]]:
     """The claim of jobs that obey no limit, in one statement (the batched path) or one
     transaction (the portable path), from ``queues`` (None: every queue but the
     ``excluded`` ones). With ``guard`` it takes nothing while a job of a flow group is
-    due in the same queues: the flow claim then takes both lanes, in claim order."""
+    due in the same queues: the flow claim then takes both lanes, in claim order. Jobs of
+    ``skip_tasks`` are left alone."""
+    skip = ""
+    if skip_tasks:
+        skip = f" AND j.task_path NOT IN ({placeholders(len(skip_tasks))})"
     ready = (
         "j.status = 'pending' AND j.flow_group IS NULL AND j.backend = %s "
-        f"AND j.run_after <= {d.now}"
+        f"AND j.run_after <= {d.now}{skip}"
     )
-    ready_params: list[Any] = [backend]
+    ready_params: list[Any] = [backend, *skip_tasks]
     if queues is not None and len(queues) == 1:
         # One queue: the pause is looked up once for the statement, not per row.
         ready += f" AND j.queue = %s AND {paused_condition(d, '%s')}"
@@ -202,7 +222,7 @@ def _claim_main_lane(
         one_queue = (
             f"SELECT j.id, j.priority, j.run_after FROM {d.jobs} AS j "  # noqa: S608 - identifiers quoted, values bound
             "WHERE j.status = 'pending' AND j.flow_group IS NULL AND j.backend = %s "
-            f"AND j.run_after <= {d.now} AND j.queue = q.name "
+            f"AND j.run_after <= {d.now}{skip} AND j.queue = q.name "
             f"ORDER BY {CLAIM_ORDER} LIMIT %s{d.skip_locked}"
         )
         pick = (
@@ -210,7 +230,7 @@ def _claim_main_lane(
             f"AS p WHERE {paused_condition(d, 'q.name')} AND NOT {flow_due} "
             "ORDER BY p.priority DESC, p.run_after, p.id LIMIT %s"
         )
-        pick_params = [list(queues), backend, limit, backend, *flow_params, limit]
+        pick_params = [list(queues), backend, *skip_tasks, limit, backend, *flow_params, limit]
     set_list, set_params = claim_set(d, worker_id, lease_duration)
     if d.batched:
         columns = ", ".join(d.q(c) for c in RETURNING)

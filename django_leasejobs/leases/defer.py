@@ -20,7 +20,7 @@ from .claim import give_back_unused
 from .dialect import dialect, retry_deadlocks
 from .enqueue import database_now
 from .finish import dead_letter_many
-from .rules import unknown_task_delay
+from .rules import unknown_task_delay, unknown_task_stand_aside
 from .values import ErrorInfo, Failure, WriteResult
 
 Lease = tuple[int, int]
@@ -33,6 +33,9 @@ class Deferred:
 
     delays: dict[Lease, float]
     """Given back: claimable again after this many seconds."""
+    stand_aside: dict[Lease, float]
+    """Given back: seconds for which this worker should claim no job of the task
+    (``rules.unknown_task_stand_aside``)."""
     waited: dict[Lease, float]
     """Seconds each job had waited for a worker that knows its task (both maps' jobs)."""
     dead: WriteResult
@@ -64,7 +67,7 @@ def defer_unknown(
     in one fenced write."""
     wanted = sorted(unknown)
     if not wanted:
-        return Deferred({}, {}, WriteResult({}))
+        return Deferred(delays={}, stand_aside={}, waited={}, dead=WriteResult({}))
     d = dialect(using)
     sql = give_back_unused(
         d,
@@ -98,6 +101,10 @@ def defer_unknown(
         return given, waited, late
 
     given, waited, late = retry_deadlocks(d.using, give_back)
+    aside = {
+        lease: unknown_task_stand_aside(delay, waited[lease], grace)
+        for lease, delay in given.items()
+    }
     decision = (
         f"not retried: no worker that knows its task claimed it within {grace:g}s "
         "(UNKNOWN_TASK_GRACE)"
@@ -117,7 +124,7 @@ def defer_unknown(
         ],
         using=using,
     )
-    return Deferred(given, waited, dead)
+    return Deferred(delays=given, stand_aside=aside, waited=waited, dead=dead)
 
 
 __all__ = ["Deferred", "defer_unknown"]

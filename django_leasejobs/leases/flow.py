@@ -30,7 +30,7 @@ never take it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -253,10 +253,12 @@ def flow_claim(
     queues: Sequence[str] | None,
     rules: FlowRules,
     using: str,
+    skip_tasks: Collection[str] = (),
 ) -> tuple[list[tuple[Any, ...]], bool]:
     """Claim up to ``limit`` jobs of both lanes under the flow lock (see the module
     docstring); return the claimed rows (``claim_write.RETURNING``) and whether a limit
-    held a due job back (a candidate skipped, or a queue at its limit)."""
+    held a due job back (a candidate skipped, or a queue at its limit). Candidates of
+    ``skip_tasks`` are left alone."""
     d = dialect(using)
 
     def work() -> tuple[list[tuple[Any, ...]], bool]:
@@ -268,6 +270,8 @@ def flow_claim(
             running = _running(cursor, d, backend)
             candidates = _main_lane(cursor, d, backend, serve, rules, limit, running)
             candidates += _flow_lane(cursor, d, backend, serve, limit, running)
+            if skip_tasks:
+                candidates = [c for c in candidates if c.task_path not in skip_tasks]
             # A queue at its limit was not even read: it holds its jobs back all the same.
             held = any(
                 running.by_queue.get(q, 0) >= rules.queue_limits[q]

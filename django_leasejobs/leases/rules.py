@@ -174,6 +174,16 @@ def unknown_task_delay(waited: float) -> float:
     return min(UNKNOWN_TASK_MAX_DELAY, max(UNKNOWN_TASK_FIRST_DELAY, waited / 4))
 
 
+def unknown_task_stand_aside(delay: float, waited: float, grace: float) -> float:
+    """Seconds a worker that gave back a job of a task it does not know claims no job of
+    that task (after the give-back's ``delay``, ``waited`` seconds into the wait, with
+    ``UNKNOWN_TASK_GRACE`` ``grace``): a minute, so that a worker that knows the task
+    takes it when it comes due, rather than the same worker again; but never past the
+    grace's end (the worker that claims it then dead-letters it) nor shorter than the
+    delay."""
+    return max(delay, min(UNKNOWN_TASK_MAX_DELAY, grace - waited))
+
+
 # --------------------------------------------------------------------------- SQL decisions
 
 

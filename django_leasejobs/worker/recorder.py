@@ -60,6 +60,9 @@ class Recorder:
         """Suspects the next group may hold (0: all that are ready)."""
         self._probing = 0
         """Suspects the round in flight writes (0: a round of other writes)."""
+        self.standing_aside: dict[str, float] = {}
+        """Task paths this worker does not know, each until when (monotonic) its claims
+        leave their jobs alone (``leases.Deferred.stand_aside``)."""
 
     def record(self, running: RunningJob, what: Write) -> None:
         """Queue how an attempt ended; the next database round writes it (fenced)."""
@@ -75,6 +78,10 @@ class Recorder:
         # Earlier attempts' rows are only for receivers of the site's: Django's own log
         # receiver reads none of them.
         plan = RoundPlan(claim_limit=claim_limit, history=has_other_receivers(task_finished))
+        if self.standing_aside:
+            now = time.monotonic()
+            self.standing_aside = {t: end for t, end in self.standing_aside.items() if end > now}
+            plan.skip_tasks = tuple(sorted(self.standing_aside))
         ready: list[tuple[RunningJob, Write]] = []
         for item in [item for item in self.writes if item[0].write_failures]:
             running = item[0]
@@ -231,9 +238,17 @@ class Recorder:
         for running, ending in deferrals:
             lease = running.job.lease
             if lease in deferred.delays:
+                aside = deferred.stand_aside[lease]
                 self.reporter.deferred_unknown(
-                    running, ending.description, deferred.delays[lease], deferred.waited[lease]
+                    running,
+                    ending.description,
+                    deferred.delays[lease],
+                    deferred.waited[lease],
+                    aside,
                 )
+                task_path = running.job.task_path
+                end = time.monotonic() + aside
+                self.standing_aside[task_path] = max(self.standing_aside.get(task_path, 0), end)
                 self.book.forget(running, ran=False)
             elif lease in deferred.dead.written:
                 error = ErrorInfo(UNKNOWN_TASK_ERROR_CLASS, ending.description)

@@ -173,17 +173,22 @@ class Reporter(Announcer):
             extra=self.log_extra(job, duration=round(duration, 6)),
         )
 
-    def deferred_unknown(self, running: RunningJob, why: str, delay: float, waited: float) -> None:
-        """A job of a task this worker does not know went back to wait for one that does."""
+    def deferred_unknown(
+        self, running: RunningJob, why: str, delay: float, waited: float, aside: float
+    ) -> None:
+        """A job of a task this worker does not know went back to wait for one that does;
+        the worker claims no job of that task for ``aside`` seconds."""
         job = running.job
         logger.warning(
             "job %s: task %r is unknown to this worker (%s); gave it back, claimable again "
-            "in %.0fs: a worker running code that declares the task will take it "
-            "(waiting %.0fs so far; dead letter after UNKNOWN_TASK_GRACE)",
+            "in %.0fs: a worker running code that declares the task will take it; this "
+            "worker leaves the task's jobs alone for %.0fs (waiting %.0fs so far; dead "
+            "letter after UNKNOWN_TASK_GRACE)",
             job.id,
             job.task_path,
             why,
             delay,
+            aside,
             waited,
             extra=self.log_extra(job, retry_in=delay, duration=round(waited, 3)),
         )

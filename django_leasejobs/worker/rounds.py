@@ -78,6 +78,9 @@ class RoundPlan:
     deferrals: list[tuple[RunningJob, Ending]] = field(default_factory=list)
     """Jobs of tasks the worker does not know, given back to wait (``leases.defer``)."""
     claim_limit: int = 0
+    skip_tasks: tuple[str, ...] = ()
+    """Task paths the claim leaves alone: tasks this worker does not know, whose jobs it
+    gave back for a worker that knows them (``Recorder.standing_aside``)."""
     alone: bool = False
     """One suspect outcome in a round of its own (``recorder.ISOLATE_AFTER``)."""
     look_first: bool = False
@@ -319,6 +322,7 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
             queues=ctx.queues,
             flow=ctx.flow,
             main_lane_first=ctx.main_lane_first,
+            skip_tasks=plan.skip_tasks,
             using=using,
         )
         result.claimed, result.flow_held = claimed.jobs, claimed.flow_held

@@ -20,7 +20,9 @@ from django_leasejobs.leases.rules import (
     UNKNOWN_TASK_FIRST_DELAY,
     UNKNOWN_TASK_MAX_DELAY,
     unknown_task_delay,
+    unknown_task_stand_aside,
 )
+from django_leasejobs.limits import FlowRules, key_group
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
 from tests.helpers_leases import (
     attempt_rows,
@@ -45,6 +47,7 @@ def test_a_job_of_an_unknown_task_goes_back_without_using_an_attempt() -> None:
 
     assert done.delays == {claimed.lease: UNKNOWN_TASK_FIRST_DELAY}
     assert done.waited == {claimed.lease: 0.0} and not done.dead.written
+    assert done.stand_aside == {claimed.lease: UNKNOWN_TASK_MAX_DELAY}
     stored = row(job.pk)
     assert stored["status"] == JobStatus.PENDING
     assert (stored["attempt"], stored["stall_count"]) == (0, 1)
@@ -80,6 +83,62 @@ def test_the_delay_rule() -> None:
     assert unknown_task_delay(0) == UNKNOWN_TASK_FIRST_DELAY == 2.0
     assert unknown_task_delay(40) == 10.0
     assert unknown_task_delay(3600) == UNKNOWN_TASK_MAX_DELAY == 60.0
+
+
+def test_the_stand_aside_rule() -> None:
+    """A minute, never past the grace's end, never shorter than the give-back's delay."""
+    assert unknown_task_stand_aside(2.0, 0.0, grace=3600) == UNKNOWN_TASK_MAX_DELAY
+    assert unknown_task_stand_aside(15.0, 3570.0, grace=3600) == 30.0
+    assert unknown_task_stand_aside(2.0, 0.0, grace=1) == 2.0
+
+
+# The claims of a worker that stands aside from a task (``skip_tasks``): every lane, every path.
+
+
+@pytest.mark.parametrize(
+    "queues", [None, ("default",), ("default", "other")], ids=["all", "one", "several"]
+)
+def test_a_claim_leaves_the_jobs_of_skipped_tasks_alone(queues: tuple[str, ...] | None) -> None:
+    unknown = [make_job(task_path="app.tasks.new", priority=9).pk for _ in range(2)]
+    known = [make_job().pk, make_job(queue="other").pk]
+    wanted = [pk for pk, queue in zip(known, ("default", "other"), strict=True)]
+    if queues is not None:
+        wanted = [pk for pk in wanted if Job.objects.get(pk=pk).queue in queues]
+
+    claimed = leases.claim_round(
+        "old-worker", limit=10, lease_duration=30, queues=queues, skip_tasks=["app.tasks.new"]
+    ).jobs
+
+    assert sorted(job.id for job in claimed) == sorted(wanted)
+    assert set(Job.objects.filter(pk__in=unknown).values_list("status", flat=True)) == {
+        JobStatus.PENDING
+    }
+    # Any other worker takes them, first (their priority).
+    taken = leases.claim("new-worker", limit=2, lease_duration=30, queues=queues or None)
+    assert sorted(job.id for job in taken) == sorted(unknown)
+
+
+@pytest.mark.parametrize("main_lane_first", [False, True])
+def test_a_flow_claim_leaves_the_jobs_of_skipped_tasks_alone(main_lane_first: bool) -> None:
+    unknown_flow = make_job(
+        task_path="app.tasks.new", flow_group=key_group("k"), concurrency_limit=5
+    )
+    unknown_plain = make_job(task_path="app.tasks.new")
+    known_flow = make_job(flow_group=key_group("k"), concurrency_limit=5)
+    known_plain = make_job()
+
+    claimed = leases.claim_round(
+        "old-worker",
+        limit=10,
+        lease_duration=30,
+        flow=FlowRules(queue_limits={"default": 10}),
+        main_lane_first=main_lane_first,
+        skip_tasks=["app.tasks.new"],
+    ).jobs
+
+    assert sorted(job.id for job in claimed) == sorted([known_flow.pk, known_plain.pk])
+    for job in (unknown_flow, unknown_plain):
+        assert row(job.pk)["status"] == JobStatus.PENDING
 
 
 def test_past_the_grace_the_job_is_dead_lettered_with_the_fix_in_its_error() -> None:

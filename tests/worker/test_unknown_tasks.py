@@ -71,23 +71,23 @@ def test_a_job_of_a_new_task_waits_for_a_worker_that_knows_it(workers, new_code)
     assert stored.stall_count == 0
     assert not JobAttempt.objects.filter(job_id=result.id).exists()
 
-    # The deploy reaches the workers: a new one starts beside the old one, then the old
-    # one is stopped. (While both run, the job goes to whichever claims it first once it
-    # is due again: the old one may win several times in a row, each give-back a little
-    # later, so the test ends the race as a rolling deploy does.)
+    # The deploy reaches the workers: a new one starts beside the old one, which keeps
+    # running. The old one stands aside from the task (for a minute): the new one takes
+    # the job as soon as it is due again.
     workers.start(
         args=["--concurrency", "1", "--worker-id", "new-code"],
         options={"IMPORTS": [NEW_MODULE]},
         env=_new_worker_env(workers, code),
     )
-    old.terminate()
-    assert old.wait(timeout=30) == 0, old.output
-    # Due again at most a quarter of its wait after the old worker last gave it back.
     wait_until(
         lambda: Job.objects.filter(pk=result.id, status=JobStatus.SUCCEEDED).exists(),
-        timeout=90,
+        timeout=60,
         what=lambda: f"the new worker to run the job: {Job.objects.filter(pk=result.id).values()}",
     )
+    assert old.popen.poll() is None
+    # The old worker met the job once, and left the task alone after it.
+    assert old.output.count(f"task '{NEW_MODULE}.welcome' is unknown to this worker") == 1
+    assert "this worker leaves the task's jobs alone for 60s" in old.output
     done = Job.objects.get(pk=result.id)
     assert (done.attempt, done.last_worker, done.result) == (1, "new-code", "welcome, ada")
     assert done.stall_count == 0
