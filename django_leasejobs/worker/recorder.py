@@ -60,7 +60,7 @@ class Recorder:
         """Suspects the next group may hold (0: all that are ready)."""
         self._probing = 0
         """Suspects the round in flight writes (0: a round of other writes)."""
-        self.standing_aside: dict[str, float] = {}
+        self._standing_aside: dict[str, float] = {}
         """Task paths this worker does not know, each until when (monotonic) its claims
         leave their jobs alone (``leases.Deferred.stand_aside``)."""
 
@@ -78,10 +78,10 @@ class Recorder:
         # Earlier attempts' rows are only for receivers of the site's: Django's own log
         # receiver reads none of them.
         plan = RoundPlan(claim_limit=claim_limit, history=has_other_receivers(task_finished))
-        if self.standing_aside:
+        if self._standing_aside:
             now = time.monotonic()
-            self.standing_aside = {t: end for t, end in self.standing_aside.items() if end > now}
-            plan.skip_tasks = tuple(sorted(self.standing_aside))
+            self._standing_aside = {t: end for t, end in self._standing_aside.items() if end > now}
+            plan.skip_tasks = tuple(sorted(self._standing_aside))
         ready: list[tuple[RunningJob, Write]] = []
         for item in [item for item in self.writes if item[0].write_failures]:
             running = item[0]
@@ -248,7 +248,7 @@ class Recorder:
                 )
                 task_path = running.job.task_path
                 end = time.monotonic() + aside
-                self.standing_aside[task_path] = max(self.standing_aside.get(task_path, 0), end)
+                self._standing_aside[task_path] = max(self._standing_aside.get(task_path, 0), end)
                 self.book.forget(running, ran=False)
             elif lease in deferred.dead.written:
                 error = ErrorInfo(UNKNOWN_TASK_ERROR_CLASS, ending.description)

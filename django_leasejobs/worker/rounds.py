@@ -80,7 +80,7 @@ class RoundPlan:
     claim_limit: int = 0
     skip_tasks: tuple[str, ...] = ()
     """Task paths the claim leaves alone: tasks this worker does not know, whose jobs it
-    gave back for a worker that knows them (``Recorder.standing_aside``)."""
+    gave back for a worker that knows them (``Recorder._standing_aside``)."""
     alone: bool = False
     """One suspect outcome in a round of its own (``recorder.ISOLATE_AFTER``)."""
     look_first: bool = False
