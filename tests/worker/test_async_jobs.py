@@ -306,22 +306,33 @@ def test_async_and_ordinary_jobs_mixed_each_run_once(workers, marker_dir: str) -
     assert len(lines(marker_dir, "plain.runs")) == 20
 
 
-def test_a_paused_slot_or_worker_is_not_a_blocked_loop(workers, marker_dir: str) -> None:
-    """A busy machine is not a fault: the slot's child, then the worker itself, stopped
-    (SIGSTOP) for longer than ASYNC_BLOCKING_LIMIT while its loop holds jobs, and let go
-    within the lease, kill nothing: every job succeeds once, no attempt row."""
-    ids = [int(tasks_async.nap.enqueue(marker_dir, "nap", 4.0).id) for _ in range(20)]
-    worker = workers.start(
-        options={"ASYNC_BLOCKING_LIMIT": 0.3, "LEASE_DURATION": 6.0, "HEARTBEAT_INTERVAL": 0.3},
-        args=["--concurrency", "1", "--burst"],
-    )
-    wait_until(lambda: len(lines(marker_dir, "nap.starts")) == 20, 30, what="twenty starts")
+PAUSE_OPTIONS = {"ASYNC_BLOCKING_LIMIT": 0.3, "LEASE_DURATION": 6.0, "HEARTBEAT_INTERVAL": 0.3}
+"""For the pause cases: a loop counts as blocked after 0.3 s, and a 1 s pause stays well
+within the lease."""
+
+
+def assert_pauses_kill_nothing(
+    worker: WorkerProcess, marker_dir: str, name: str, ids: list[int]
+) -> None:
+    """Once every job of ``ids`` started (``<name>.starts``), stop the slot's child, then
+    the worker (SIGSTOP) for 1 s each, longer than ``ASYNC_BLOCKING_LIMIT`` and within
+    the lease: the burst worker ends with every job succeeded once, and no attempt row."""
+    wait_until(lambda: len(lines(marker_dir, f"{name}.starts")) == len(ids), 30, what="every start")
     [slot] = worker.slot_pids()
     for pid in (slot, worker.pid):
         os.kill(pid, signal.SIGSTOP)
         time.sleep(1.0)  # the pause under test (no state to wait for: both are stopped)
         os.kill(pid, signal.SIGCONT)
     assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
-    assert statuses(ids) == {JobStatus.SUCCEEDED: 20}
+    assert statuses(ids) == {JobStatus.SUCCEEDED: len(ids)}
     assert not JobAttempt.objects.filter(job_id__in=ids).exists()
-    assert len(lines(marker_dir, "nap.starts")) == 20
+    assert len(lines(marker_dir, f"{name}.starts")) == len(ids)
+
+
+def test_a_paused_slot_or_worker_is_not_a_blocked_loop(workers, marker_dir: str) -> None:
+    """A busy machine is not a fault: the slot's child, then the worker itself, stopped
+    (SIGSTOP) for longer than ASYNC_BLOCKING_LIMIT while its loop holds jobs, and let go
+    within the lease, kill nothing: every job succeeds once, no attempt row."""
+    ids = [int(tasks_async.nap.enqueue(marker_dir, "nap", 4.0).id) for _ in range(20)]
+    worker = workers.start(options=PAUSE_OPTIONS, args=["--concurrency", "1", "--burst"])
+    assert_pauses_kill_nothing(worker, marker_dir, "nap", ids)

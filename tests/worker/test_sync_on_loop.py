@@ -9,10 +9,6 @@ reaches the job as ``context.lease_lost`` and is waited out, and a job that outl
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import pytest
 from django.core.management import CommandError, call_command
 
@@ -23,7 +19,9 @@ from tests.worker.test_async_jobs import (
     BURST_BOUND,
     JSON_ENV,
     JSON_LOGS,
+    PAUSE_OPTIONS,
     assert_failed_alone,
+    assert_pauses_kill_nothing,
     assert_ran_again,
     attempts,
     lines,
@@ -175,16 +173,6 @@ def test_a_paused_slot_or_worker_kills_no_sync_job_on_the_loop(workers, marker_d
     go within the lease, kill nothing: every job succeeds once, with no attempt row."""
     ids = [int(tasks_sync_loop.doze.enqueue(marker_dir, "doze", 4.0).id) for _ in range(20)]
     worker = workers.start(
-        options={"ASYNC_BLOCKING_LIMIT": 0.3, "LEASE_DURATION": 6.0, "HEARTBEAT_INTERVAL": 0.3},
-        args=[*ON_LOOP, "--async-concurrency", "20", "--burst"],
+        options=PAUSE_OPTIONS, args=[*ON_LOOP, "--async-concurrency", "20", "--burst"]
     )
-    wait_until(lambda: len(lines(marker_dir, "doze.starts")) == 20, 30, what="twenty starts")
-    [slot] = worker.slot_pids()
-    for pid in (slot, worker.pid):
-        os.kill(pid, signal.SIGSTOP)
-        time.sleep(1.0)  # the pause under test (no state to wait for: both are stopped)
-        os.kill(pid, signal.SIGCONT)
-    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
-    assert statuses(ids) == {JobStatus.SUCCEEDED: 20}
-    assert not JobAttempt.objects.filter(job_id__in=ids).exists()
-    assert len(lines(marker_dir, "doze.starts")) == 20
+    assert_pauses_kill_nothing(worker, marker_dir, "doze", ids)
