@@ -24,7 +24,7 @@ from .dialect import (
     retry_deadlocks,
 )
 from .fenced import lock_update_read
-from .flow import flow_claim, flow_lane_due, paused_condition
+from .flow import flow_claim, flow_lane_due, paused_condition, skipping
 from .rules import cancel_wins
 from .values import ClaimedJob, ClaimRound
 from .workflow_ops import parents_of_steps
@@ -182,9 +182,7 @@ def _claim_main_lane(
     ``excluded`` ones). With ``guard`` it takes nothing while a job of a flow group is
     due in the same queues: the flow claim then takes both lanes, in claim order. Jobs of
     ``skip_tasks`` are left alone."""
-    skip = ""
-    if skip_tasks:
-        skip = f" AND j.task_path NOT IN ({placeholders(len(skip_tasks))})"
+    skip = skipping(skip_tasks)
     ready = (
         "j.status = 'pending' AND j.flow_group IS NULL AND j.backend = %s "
         f"AND j.run_after <= {d.now}{skip}"

@@ -268,10 +268,9 @@ def flow_claim(
             if not serve:
                 return [], False
             running = _running(cursor, d, backend)
-            candidates = _main_lane(cursor, d, backend, serve, rules, limit, running)
-            candidates += _flow_lane(cursor, d, backend, serve, limit, running)
-            if skip_tasks:
-                candidates = [c for c in candidates if c.task_path not in skip_tasks]
+            skip = tuple(skip_tasks)
+            candidates = _main_lane(cursor, d, backend, serve, rules, limit, running, skip)
+            candidates += _flow_lane(cursor, d, backend, serve, limit, running, skip)
             # A queue at its limit was not even read: it holds its jobs back all the same.
             held = any(
                 running.by_queue.get(q, 0) >= rules.queue_limits[q]
@@ -385,6 +384,15 @@ def _running(cursor: Any, d: Dialect, backend: str) -> Running:
     return Running(dict(by_queue), dict(by_group), limits)
 
 
+def skipping(skip_tasks: Collection[str], alias: str = "j") -> str:
+    """The condition that leaves the jobs of ``skip_tasks`` alone, to append to a claim's
+    WHERE with the task paths as its parameters ('' when there are none): the claim reads
+    past them, as it reads past locked rows."""
+    if not skip_tasks:
+        return ""
+    return f" AND {alias}.task_path NOT IN ({placeholders(len(skip_tasks))})"
+
+
 def _select_candidates(d: Dialect) -> str:
     return ", ".join(f"j.{d.q(c)}" for c in CANDIDATE_COLUMNS)
 
@@ -397,8 +405,10 @@ def _main_lane(
     rules: FlowRules,
     limit: int,
     running: Running,
+    skip: tuple[str, ...],
 ) -> list[Candidate]:
-    """Each queue's first due jobs outside flow groups: as many as the queue may start."""
+    """Each queue's first due jobs outside flow groups (none of ``skip``'s tasks): as many
+    as the queue may start."""
     parts: list[str] = []
     params: list[Any] = []
     for queue in queues:
@@ -410,10 +420,10 @@ def _main_lane(
         parts.append(
             f"SELECT * FROM (SELECT {_select_candidates(d)} FROM {d.jobs} AS j "  # noqa: S608 - identifiers quoted, values bound
             f"WHERE j.status = 'pending' AND j.flow_group IS NULL AND j.backend = %s "
-            f"AND j.queue = %s AND j.run_after <= {d.now} "
+            f"AND j.queue = %s AND j.run_after <= {d.now}{skipping(skip)} "
             f"ORDER BY j.priority DESC, j.run_after, j.id LIMIT %s) AS q{len(parts)}"
         )
-        params += [backend, queue, wanted]
+        params += [backend, queue, *skip, wanted]
     if not parts:
         return []
     cursor.execute(" UNION ALL ".join(parts), params)
@@ -426,10 +436,17 @@ in claim order, read first (``_flow_lane``)."""
 
 
 def _flow_lane(
-    cursor: Any, d: Dialect, backend: str, queues: Sequence[str], limit: int, running: Running
+    cursor: Any,
+    d: Dialect,
+    backend: str,
+    queues: Sequence[str],
+    limit: int,
+    running: Running,
+    skip: tuple[str, ...],
 ) -> list[Candidate]:
-    """The first due jobs of the flow groups in ``queues``: at least each group's first
-    ones that may start, never a held-back group's backlog (on PostgreSQL).
+    """The first due jobs of the flow groups in ``queues`` (none of ``skip``'s tasks): at
+    least each group's first ones that may start, never a held-back group's backlog (on
+    PostgreSQL).
 
     PostgreSQL: first the window, each queue's first ``WINDOW_PER_CLAIM * limit`` due
     flow jobs in claim order (``leasejobs_job_flow_order_idx``): the earliest candidates
@@ -441,18 +458,19 @@ def _flow_lane(
     numbered per group by a window function, each group's first ``limit``.
     """
     if d.vendor != "postgresql":
-        return _flow_lane_numbered(cursor, d, backend, queues, limit)
+        return _flow_lane_numbered(cursor, d, backend, queues, limit, skip)
     lane = "j.status = 'pending' AND j.flow_group IS NOT NULL AND j.backend = %s"
     columns = _select_candidates(d)
     window = WINDOW_PER_CLAIM * limit
     parts = [
         f"SELECT * FROM (SELECT {columns} FROM {d.jobs} AS j WHERE {lane} AND j.queue = %s "  # noqa: S608 - identifiers quoted, values bound
-        f"AND j.run_after <= {d.now} ORDER BY j.priority DESC, j.run_after, j.id LIMIT %s) AS w{n}"
+        f"AND j.run_after <= {d.now}{skipping(skip)} "
+        f"ORDER BY j.priority DESC, j.run_after, j.id LIMIT %s) AS w{n}"
         for n in range(len(queues))
     ]
     cursor.execute(
         " UNION ALL ".join(parts),
-        [value for queue in queues for value in (backend, queue, window)],
+        [value for queue in queues for value in (backend, queue, *skip, window)],
     )
     found = [_candidate(row) for row in cursor.fetchall()]
     full = set(running.full_groups())
@@ -464,7 +482,7 @@ def _flow_lane(
     # The recursive scan's estimated cost can pass jit_above_cost: compiling it would
     # cost more (tens of milliseconds) than running it. For this transaction only.
     cursor.execute("SET LOCAL jit = off")
-    more = _flow_lane_by_group(cursor, d, backend, crowded, limit, sorted(full))
+    more = _flow_lane_by_group(cursor, d, backend, crowded, limit, sorted(full), skip)
     return found + [c for c in more if c.id not in seen]
 
 
@@ -487,9 +505,10 @@ def _flow_lane_by_group(
     queues: Sequence[str],
     limit: int,
     full: Sequence[str],
+    skip: tuple[str, ...],
 ) -> list[Candidate]:
     """PostgreSQL: every flow group of ``queues`` by a skip scan, and the first ``limit``
-    due jobs of each group not in ``full``."""
+    due jobs (none of ``skip``'s tasks) of each group not in ``full``."""
     lane = "j.status = 'pending' AND j.flow_group IS NOT NULL AND j.backend = %s"
     probe = lane.replace("j.", "f.")
     sql = (
@@ -502,26 +521,29 @@ def _flow_lane_by_group(
         "FROM g WHERE g.name IS NOT NULL) "
         f"SELECT p.* FROM g CROSS JOIN LATERAL (SELECT {_select_candidates(d)} "
         f"FROM {d.jobs} AS j WHERE {lane} AND j.queue = g.queue AND j.flow_group = g.name "
-        f"AND j.run_after <= {d.now} ORDER BY j.priority DESC, j.run_after, j.id LIMIT %s) "
+        f"AND j.run_after <= {d.now}{skipping(skip)} "
+        "ORDER BY j.priority DESC, j.run_after, j.id LIMIT %s) "
         "AS p WHERE g.name IS NOT NULL AND NOT g.name = ANY(%s::text[])"
     )
-    cursor.execute(sql, [backend, list(queues), backend, backend, limit, list(full)])
+    params = [backend, list(queues), backend, backend, *skip, limit, list(full)]
+    cursor.execute(sql, params)
     return [_candidate(row) for row in cursor.fetchall()]
 
 
 def _flow_lane_numbered(
-    cursor: Any, d: Dialect, backend: str, queues: Sequence[str], limit: int
+    cursor: Any, d: Dialect, backend: str, queues: Sequence[str], limit: int, skip: tuple[str, ...]
 ) -> list[Candidate]:
-    """SQLite, MySQL/MariaDB: each group's first ``limit`` due jobs in ``queues``."""
+    """SQLite, MySQL/MariaDB: each group's first ``limit`` due jobs in ``queues`` (none of
+    ``skip``'s tasks)."""
     lane = "j.status = 'pending' AND j.flow_group IS NOT NULL AND j.backend = %s"
     sql = (
         f"SELECT {', '.join(d.q(c) for c in CANDIDATE_COLUMNS)} FROM (SELECT "  # noqa: S608 - identifiers quoted, values bound
         f"{_select_candidates(d)}, ROW_NUMBER() OVER (PARTITION BY j.flow_group "
         "ORDER BY j.priority DESC, j.run_after, j.id) AS rn "
-        f"FROM {d.jobs} AS j WHERE {lane} AND j.run_after <= {d.now} "
+        f"FROM {d.jobs} AS j WHERE {lane} AND j.run_after <= {d.now}{skipping(skip)} "
         f"AND j.queue IN ({placeholders(len(queues))})) AS c WHERE c.rn <= %s"
     )
-    cursor.execute(sql, [backend, *queues, limit])
+    cursor.execute(sql, [backend, *skip, *queues, limit])
     return [_candidate(row) for row in cursor.fetchall()]
 
 

@@ -119,17 +119,19 @@ def test_a_claim_leaves_the_jobs_of_skipped_tasks_alone(queues: tuple[str, ...] 
 
 
 @pytest.mark.parametrize("main_lane_first", [False, True])
-def test_a_flow_claim_leaves_the_jobs_of_skipped_tasks_alone(main_lane_first: bool) -> None:
-    unknown_flow = make_job(
-        task_path="app.tasks.new", flow_group=key_group("k"), concurrency_limit=5
-    )
-    unknown_plain = make_job(task_path="app.tasks.new")
-    known_flow = make_job(flow_group=key_group("k"), concurrency_limit=5)
+def test_a_flow_claim_reads_past_the_jobs_of_skipped_tasks(main_lane_first: bool) -> None:
+    """More skipped jobs in front (higher priority) than the claim reads per queue and per
+    group: the claim reads past them to the jobs behind, in both lanes."""
+    group = key_group("k")
+    new = {"task_path": "app.tasks.new", "priority": 9}
+    unknown = [make_job(flow_group=group, concurrency_limit=5, **new).pk for _ in range(9)]
+    unknown += [make_job(**new).pk for _ in range(3)]
+    known_flow = make_job(flow_group=group, concurrency_limit=5)
     known_plain = make_job()
 
     claimed = leases.claim_round(
         "old-worker",
-        limit=10,
+        limit=2,
         lease_duration=30,
         flow=FlowRules(queue_limits={"default": 10}),
         main_lane_first=main_lane_first,
@@ -137,8 +139,30 @@ def test_a_flow_claim_leaves_the_jobs_of_skipped_tasks_alone(main_lane_first: bo
     ).jobs
 
     assert sorted(job.id for job in claimed) == sorted([known_flow.pk, known_plain.pk])
-    for job in (unknown_flow, unknown_plain):
-        assert row(job.pk)["status"] == JobStatus.PENDING
+    assert set(Job.objects.filter(pk__in=unknown).values_list("status", flat=True)) == {
+        JobStatus.PENDING
+    }
+
+
+def test_the_flow_lanes_group_scan_reads_past_the_jobs_of_skipped_tasks() -> None:
+    """A window full of a full group's jobs sends the PostgreSQL flow lane to its scan by
+    group: there too the skipped tasks' jobs are read past (elsewhere, the numbered read)."""
+    rules = FlowRules(queue_limits={"default": 10})
+    full, other = key_group("full"), key_group("other")
+    first = make_job(flow_group=full, concurrency_limit=1, priority=10)
+    [running] = leases.claim_round("w2", limit=1, lease_duration=30, flow=rules).jobs
+    assert running.id == first.pk  # its group is full now
+    for _ in range(4):
+        make_job(flow_group=full, concurrency_limit=1, priority=5)
+    for _ in range(3):
+        make_job(flow_group=other, concurrency_limit=5, priority=9, task_path="app.tasks.new")
+    behind = make_job(flow_group=other, concurrency_limit=5)
+
+    claimed = leases.claim_round(
+        "old-worker", limit=1, lease_duration=30, flow=rules, skip_tasks=["app.tasks.new"]
+    ).jobs
+
+    assert [job.id for job in claimed] == [behind.pk]
 
 
 def test_past_the_grace_the_job_is_dead_lettered_with_the_fix_in_its_error() -> None:
