@@ -257,8 +257,8 @@ def flow_claim(
 ) -> tuple[list[tuple[Any, ...]], bool]:
     """Claim up to ``limit`` jobs of both lanes under the flow lock (see the module
     docstring); return the claimed rows (``claim_write.RETURNING``) and whether a limit
-    held a due job back (a candidate skipped, or a queue at its limit). Candidates of
-    ``skip_tasks`` are left alone."""
+    held a due job back (a candidate skipped, or a queue at its limit). The reads pass
+    over the jobs of ``skip_tasks`` (``skipping``)."""
     d = dialect(using)
 
     def work() -> tuple[list[tuple[Any, ...]], bool]:
@@ -384,13 +384,13 @@ def _running(cursor: Any, d: Dialect, backend: str) -> Running:
     return Running(dict(by_queue), dict(by_group), limits)
 
 
-def skipping(skip_tasks: Collection[str], alias: str = "j") -> str:
+def skipping(skip_tasks: Collection[str]) -> str:
     """The condition that leaves the jobs of ``skip_tasks`` alone, to append to a claim's
     WHERE with the task paths as its parameters ('' when there are none): the claim reads
     past them, as it reads past locked rows."""
     if not skip_tasks:
         return ""
-    return f" AND {alias}.task_path NOT IN ({placeholders(len(skip_tasks))})"
+    return f" AND j.task_path NOT IN ({placeholders(len(skip_tasks))})"
 
 
 def _select_candidates(d: Dialect) -> str:
