@@ -82,22 +82,18 @@ class Handover:
             except Exception:  # a module that fails to import
                 task = None  # the slot reports the clear error; nothing is called
             running = RunningJob(job=job, task=task, started=now)
-            if self._on_loop(job.task_path, task):
-                running.on_loop = True
-                on_loop += 1
+            if task is not None:  # (a task that did not resolve fails alone, in a slot)
+                # On a slot's event loop: an ``async def`` job in the process pool, or
+                # any job there with ``--sync-on-loop``.
+                running.coroutine = self._is_async(job.task_path, task)
+                if self.loops and (self.sync_on_loop or running.coroutine):
+                    running.on_loop = True
+                    on_loop += 1
             self.book.add(running, claim_sent, lease)
             self.book.ready.append(running)
         if self.loops:
             self.dispatcher.note_claimed(len(claimed), on_loop)
         self.dispatch()
-
-    def _on_loop(self, task_path: str, task: AnyTask | None) -> bool:
-        """The job runs on a slot's event loop: an ``async def`` job in the process pool,
-        or any job there with ``--sync-on-loop`` (not one whose task did not resolve: it
-        fails alone, in a slot of its own)."""
-        if not self.loops or task is None:
-            return False
-        return self.sync_on_loop or self._is_async(task_path, task)
 
     def _is_async(self, task_path: str, task: AnyTask) -> bool:
         known = self._async_tasks.get(task_path)
@@ -230,7 +226,7 @@ class Handover:
             database=self.database,
             start_by=lost_at,
             on_loop=running.on_loop,
-            coroutine=running.task is not None and self._is_async(job.task_path, running.task),
+            coroutine=running.coroutine,
         )
 
     def _announce(self, running: RunningJob) -> None:

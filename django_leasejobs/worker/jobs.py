@@ -27,6 +27,8 @@ class RunningJob:
     on_loop: bool = False
     """It runs on a slot's event loop beside others (process pool): an ``async def`` job,
     or any job with ``--sync-on-loop``."""
+    coroutine: bool = False
+    """Its task is an ``async def`` one (decided once, as the loop takes the claim)."""
     dispatched: bool = False
     """Handed to a slot. A prefetched job waits in ``JobBook.ready`` until then (and goes
     back there if its slot gives it back before it started)."""
