@@ -134,13 +134,10 @@ django.setup()
 from django_leasejobs.compat import task_backends
 from overload_bench_tasks import arecord, record
 
-count, ms, async_share = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+ms, async_flags = float(sys.argv[1]), sys.argv[2]  # flags: "1" for each async job
 backend = task_backends["default"]
-kinds = [
-    arecord if int((i + 1) * async_share) > int(i * async_share) else record
-    for i in range(count)
-]
-for start in range(0, count, 5000):
+kinds = [arecord if flag == "1" else record for flag in async_flags]
+for start in range(0, len(kinds), 5000):
     backend.bulk_enqueue([(kind, (), {"ms": ms}) for kind in kinds[start : start + 5000]])
 """
 
@@ -264,13 +261,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def on_loop_note(settings: dict[str, Any]) -> str:
     """``, N with --sync-on-loop`` for a run's settings, or nothing."""
     share = settings.get("sync_on_loop_workers", 0.0)
-    count = sum(on_loop_worker(index, share) for index in range(settings["workers"]))
+    count = sum(spread_evenly(index, share) for index in range(settings["workers"]))
     return f", {count} with --sync-on-loop" if count else ""
 
 
-def on_loop_worker(index: int, share: float) -> bool:
-    """Whether worker ``index`` runs with ``--sync-on-loop``: ``share`` of the workers,
-    spread evenly (as ``--async-share`` spreads the async jobs)."""
+def spread_evenly(index: int, share: float) -> bool:
+    """Whether item ``index`` is among ``share`` of the items, spread evenly: the async
+    jobs (``--async-share``), the workers with ``--sync-on-loop``."""
     return int((index + 1) * share) > int(index * share)
 
 
@@ -1110,9 +1107,8 @@ class Run:
                 sys.executable,
                 "-c",
                 ENQUEUE,
-                str(args.jobs),
                 str(args.job_ms),
-                str(args.async_share),
+                "".join(str(int(spread_evenly(i, args.async_share))) for i in range(args.jobs)),
             ],
             env=env,
             cwd=str(repo),
@@ -1166,7 +1162,7 @@ class Run:
                     *("--worker-id", worker_id),
                     *(
                         ["--sync-on-loop"]
-                        if on_loop_worker(index, args.sync_on_loop_workers)
+                        if spread_evenly(index, args.sync_on_loop_workers)
                         else []
                     ),
                     *args.worker_args.split(),

@@ -110,7 +110,7 @@ def test_bad_options_are_refused(argv: list[str]) -> None:
 def test_a_share_of_the_workers_runs_sync_jobs_on_loops(
     share: float, workers: int, on_loop: int
 ) -> None:
-    chosen = [i for i in range(workers) if overload.on_loop_worker(i, share)]
+    chosen = [i for i in range(workers) if overload.spread_evenly(i, share)]
     assert len(chosen) == on_loop
     note = overload.on_loop_note({"workers": workers, "sync_on_loop_workers": share})
     assert note == (f", {on_loop} with --sync-on-loop" if on_loop else "")
