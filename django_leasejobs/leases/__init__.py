@@ -35,7 +35,7 @@ It knows nothing of processes, threads or signals.
 from __future__ import annotations
 
 from ..exceptions import LeaseLost, RowLocked
-from .claim import claim, claim_round, unclaim
+from .claim import claim, claim_round, claims_beside_writes, unclaim
 from .defer import Deferred, defer_unknown
 from .dependants import (
     PARENT_FAILED_CLASS,
@@ -152,6 +152,7 @@ __all__ = [
     "cancel_workflow",
     "claim",
     "claim_round",
+    "claims_beside_writes",
     "complete",
     "complete_many",
     "copy_jobs",

@@ -69,6 +69,16 @@ def claim(
     ).jobs
 
 
+def claims_beside_writes(using: str) -> bool:
+    """Whether a worker may run a round's claim on a second connection while the same
+    round's outcome writes run on the first: on PostgreSQL. There the claim waits for no
+    row lock (``SKIP LOCKED``) and the writes wait for none the claim takes (they touch
+    the worker's running rows, and the flow claim's lock is not theirs), so the two
+    overlap without waiting on each other. MariaDB and SQLite run them one after the
+    other (SQLite serialises writers anyway)."""
+    return dialect(using).vendor == "postgresql"
+
+
 def claim_round(
     worker_id: str,
     *,
@@ -351,6 +361,7 @@ def claimed_job(row: Sequence[Any]) -> ClaimedJob:
         trace_context,
         metadata,
         workflow_id,
+        flow_group,
     ) = row  # in CLAIM_COLUMNS order
     problems = []
     # Rows written by hand or by another program: a wrong JSON type must fail this job,
@@ -396,6 +407,7 @@ def claimed_job(row: Sequence[Any]) -> ClaimedJob:
         None if trace_context is None else _json(trace_context),
         metadata if isinstance(metadata, dict) else None,
         None if workflow_id is None else int(workflow_id),
+        flow_group=flow_group,
     )
 
 

@@ -31,6 +31,7 @@ CLAIM_COLUMNS = (
     "trace_context",
     "metadata",
     "workflow_id",
+    "flow_group",
 )
 RETURNING = (*CLAIM_COLUMNS, "run_after")
 """What a claim reads back: ``run_after`` last, to put the rows back in claim order

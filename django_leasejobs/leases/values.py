@@ -79,6 +79,9 @@ class ClaimedJob:
     """A step's parents, read by the worker right after the claim (so that the task reads
     them without a query: ``context.parent_results``); None when not read (not a step, or
     the read failed: the task then reads them itself)."""
+    flow_group: str | None = None
+    """``Job.flow_group``: the job runs under a flow limit of its key or task (None: no
+    such limit). Its end may make room for a claim (``worker.rounds``)."""
 
     @property
     def lease(self) -> tuple[int, int]:
@@ -112,6 +115,7 @@ class ClaimedJob:
                 self.metadata,
                 self.workflow_id,
                 self.parents,
+                self.flow_group,
             ),
         )
 

@@ -1,4 +1,5 @@
-"""The round driver: one database round at a time, in the worker's database thread.
+"""The round driver: one database round at a time, in the worker's database thread
+(its claim on a second one beside its writes, where the database allows it).
 
 The main loop never waits on the database. It plans a round (``Recorder.plan``) and the
 driver runs it in the database thread (``rounds.run_round``), then hands the result
@@ -63,6 +64,9 @@ class RoundDriver:
         """The lease each claim asks for (the heartbeat stretches it while renewals lag)."""
         self._wake = wake
         self._executor: ThreadPoolExecutor | None = None
+        self._beside: ThreadPoolExecutor | None = None
+        """The second database thread: a round's claim beside its writes (PostgreSQL,
+        ``rounds.run_round``). Its thread and connection start with the first such round."""
         self._round: tuple[RoundPlan, Future[RoundResult], float] | None = None
         self.failures = 0
         """Rounds failed in a row (connection-level errors)."""
@@ -88,6 +92,10 @@ class RoundDriver:
 
     def open(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leasejobs-db")
+        if leases.claims_beside_writes(self.database):
+            self._beside = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="leasejobs-db-claim"
+            )
 
     def close(self) -> None:
         if self._round is not None:
@@ -99,6 +107,9 @@ class RoundDriver:
                 self._executor.submit(self._write_rollup, unsent)
             self._executor.submit(connections.close_all)
             self._executor.shutdown(wait=True)
+        if self._beside is not None:
+            self._beside.submit(connections.close_all)
+            self._beside.shutdown(wait=True)
 
     @property
     def in_flight(self) -> bool:
@@ -193,7 +204,7 @@ class RoundDriver:
                     return RoundResult(
                         claimed=[], next_due=known_due, rollup_unsent=plan.rollup_carry
                     )
-        result = run_round(plan, ctx)
+        result = run_round(plan, ctx, self._beside)
         if self.options.rollups:
             result.rollup_unsent = self._add_rollup(plan, result)
         if result.error is None:

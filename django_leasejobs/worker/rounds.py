@@ -21,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import chain
 from typing import Literal, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
@@ -255,19 +257,87 @@ def is_connection_error(exc: BaseException) -> bool:
     return code in MYSQL_CLIENT_ERRORS or code in MYSQL_CONNECTION_ERRORS
 
 
-def run_round(plan: RoundPlan, ctx: RoundContext) -> RoundResult:
-    """Run one round in the worker's database thread. Never raises."""
+def run_round(plan: RoundPlan, ctx: RoundContext, beside: Executor | None = None) -> RoundResult:
+    """Run one round in the worker's database thread. Never raises.
+
+    ``beside``: the worker's second database thread, where the database allows it
+    (``leases.claims_beside_writes``). A round that writes outcomes and claims runs its
+    claim there, on that thread's connection, while this thread writes: the round takes
+    as long as the longer of the two, not both (unless a written job could make room
+    for the claim: :func:`claims_beside`).
+    """
     result = RoundResult()
+    claim: Future[leases.ClaimRound] | None = None
+    if beside is not None and claims_beside(plan, ctx):
+        result.claim_sent, result.claim_lease = time.monotonic(), ctx.lease_duration
+        claim = beside.submit(_claim_beside, plan.claim_limit, plan.skip_tasks, ctx)
     try:
-        _write_and_claim(plan, ctx, result)
+        _write(plan, ctx, result)
+        if plan.claim_limit > 0 and claim is None:
+            result.claim_sent, result.claim_lease = time.monotonic(), ctx.lease_duration
+            _take_claim(result, _claim(plan.claim_limit, plan.skip_tasks, ctx))
     except Exception as exc:  # connection-level (or a bug): the round is retried whole
         result.error = exc
         with contextlib.suppress(Exception):
             connections[ctx.database].close()  # this thread's connection: reconnect next time
+    if claim is not None:
+        try:
+            # Taken even when the writes failed: the rows are this worker's now.
+            _take_claim(result, claim.result())
+        except Exception as exc:
+            if result.error is None:
+                result.error = exc
     return result
 
 
-def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) -> None:
+def claims_beside(plan: RoundPlan, ctx: RoundContext) -> bool:
+    """Whether the round's claim may run beside its writes: it claims, it writes outcomes,
+    and none of the written jobs could make room for the claim. A job that ran under a
+    flow limit (its group's or its queue's) frees a place under that limit as it ends,
+    and a workflow step's end may release its dependants: after such writes the claim
+    follows them, so that it sees what they freed."""
+    if not plan.claim_limit or not (plan.successes or plan.failures):
+        return False
+    limited = ctx.flow.limited_queues
+    written = chain((r for r, _ in plan.successes), (r for r, *_ in plan.failures))
+    for running in written:
+        job = running.job
+        if job.flow_group is not None or job.workflow_id is not None or job.queue in limited:
+            return False
+    return True
+
+
+def _claim_beside(limit: int, skip_tasks: tuple[str, ...], ctx: RoundContext) -> leases.ClaimRound:
+    """The claim, in the second database thread; a failure closes that thread's
+    connection (it reconnects next time) and is the round's error."""
+    try:
+        return _claim(limit, skip_tasks, ctx)
+    except Exception:
+        with contextlib.suppress(Exception):
+            connections[ctx.database].close()
+        raise
+
+
+def _claim(limit: int, skip_tasks: tuple[str, ...], ctx: RoundContext) -> leases.ClaimRound:
+    return leases.claim_round(
+        ctx.worker_id,
+        limit=limit,
+        lease_duration=ctx.lease_duration,
+        backend=ctx.backend,
+        queues=ctx.queues,
+        flow=ctx.flow,
+        main_lane_first=ctx.main_lane_first,
+        skip_tasks=skip_tasks,
+        using=ctx.database,
+    )
+
+
+def _take_claim(result: RoundResult, claimed: leases.ClaimRound) -> None:
+    result.claimed, result.flow_held = claimed.jobs, claimed.flow_held
+
+
+def _write(plan: RoundPlan, ctx: RoundContext, result: RoundResult) -> None:
+    """The round's writes: outcomes, releases and cancels, give-backs."""
     worker, using = ctx.worker_id, ctx.database
     if plan.successes:
         completions = [
@@ -312,20 +382,6 @@ def _write_and_claim(plan: RoundPlan, ctx: RoundContext, result: RoundResult) ->
         result.deferred = leases.defer_unknown(
             worker, unknown, grace=ctx.unknown_task_grace, using=using
         )
-    if plan.claim_limit > 0:
-        result.claim_sent, result.claim_lease = time.monotonic(), ctx.lease_duration
-        claimed = leases.claim_round(
-            worker,
-            limit=plan.claim_limit,
-            lease_duration=ctx.lease_duration,
-            backend=ctx.backend,
-            queues=ctx.queues,
-            flow=ctx.flow,
-            main_lane_first=ctx.main_lane_first,
-            skip_tasks=plan.skip_tasks,
-            using=using,
-        )
-        result.claimed, result.flow_held = claimed.jobs, claimed.flow_held
 
 
 def _note(result: RoundResult, written: WriteResult) -> None:
