@@ -8,7 +8,8 @@ Threads of one worker process:
   sleeps until a slot reports, its inbox has a message, or a timer is due. It is the
   only code that changes job state;
 * database thread (``driver.py``, ``rounds.py``): the main loop's claims and outcome
-  writes, one round at a time; it returns results, never changes the loop's objects;
+  writes, one round at a time; it returns results, never changes the loop's objects.
+  On PostgreSQL a second one runs a round's claim beside its writes;
 * heartbeat (``heartbeat.py``): renews every lease in one UPDATE, touches the registry
   row, runs the reap pass, on its own connection;
 * watchdog (``watchdog.py``): never touches the database; finds jobs whose lease is

@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from datetime import datetime
-from itertools import chain
 from typing import Literal, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
@@ -261,10 +260,10 @@ def run_round(plan: RoundPlan, ctx: RoundContext, beside: Executor | None = None
     """Run one round in the worker's database thread. Never raises.
 
     ``beside``: the worker's second database thread, where the database allows it
-    (``leases.claims_beside_writes``). A round that writes outcomes and claims runs its
+    (``leases.claims_beside_writes``). A round that writes successes and claims runs its
     claim there, on that thread's connection, while this thread writes: the round takes
-    as long as the longer of the two, not both (unless a written job could make room
-    for the claim: :func:`claims_beside`).
+    as long as the longer of the two, not both (unless a write could make room for the
+    claim: :func:`claims_beside`).
     """
     result = RoundResult()
     claim: Future[leases.ClaimRound] | None = None
@@ -291,16 +290,19 @@ def run_round(plan: RoundPlan, ctx: RoundContext, beside: Executor | None = None
 
 
 def claims_beside(plan: RoundPlan, ctx: RoundContext) -> bool:
-    """Whether the round's claim may run beside its writes: it claims, it writes outcomes,
-    and none of the written jobs could make room for the claim. A job that ran under a
-    flow limit (its group's or its queue's) frees a place under that limit as it ends,
-    and a workflow step's end may release its dependants: after such writes the claim
-    follows them, so that it sees what they freed."""
-    if not plan.claim_limit or not (plan.successes or plan.failures):
+    """Whether the round's claim may run beside its writes: it claims, it writes
+    successes and nothing else, and none of them could make room for the claim.
+
+    Writes that could make room make the claim follow them, so that it sees what they
+    freed (and an empty claim still means no job is ready: ``--burst`` exits on one): a
+    failure (its job may be due again at once, for a retry), a job given back or released
+    (pending again), and the success of a job that ran under a flow limit (its group's or
+    its queue's: a place frees) or of a workflow step (its dependants may be released).
+    """
+    if not plan.claim_limit or not plan.successes or plan.writes != len(plan.successes):
         return False
     limited = ctx.flow.limited_queues
-    written = chain((r for r, _ in plan.successes), (r for r, *_ in plan.failures))
-    for running in written:
+    for running, _ in plan.successes:
         job = running.job
         if job.flow_group is not None or job.workflow_id is not None or job.queue in limited:
             return False

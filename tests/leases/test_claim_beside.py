@@ -4,10 +4,10 @@ On PostgreSQL a worker's round runs its claim on a second database thread, on th
 thread's connection, while the first writes the round's outcomes. These tests run rounds
 in process against the real database, with real threads and connections:
 
-* the claim runs beside plain outcomes, and claims what it would have claimed after them;
-* it follows the writes when one of them could make room for it (a flow group's place, a
-  queue-wide limit's; a workflow step's dependants): then it still claims, in the same
-  round, the job the write freed;
+* the claim runs beside plain successes, and claims what it would have claimed after them;
+* it follows the writes when one of them could make room for it (a failure, a job given
+  back, a success that frees a flow group's place or a queue-wide limit's, a workflow
+  step's): then it still claims, in the same round, the job the write freed;
 * a dead connection on either side fails the round and loses nothing: the outcomes that
   were not written are written again, the jobs the claim took are in the result;
 * where the database runs the two one after the other (MariaDB, SQLite), no worker has a
@@ -29,7 +29,13 @@ from django_leasejobs.limits import FlowRules, key_group
 from django_leasejobs.models import Job, JobStatus
 from django_leasejobs.worker.execution import Outcome
 from django_leasejobs.worker.jobs import RunningJob
-from django_leasejobs.worker.rounds import RoundContext, RoundPlan, claims_beside, run_round
+from django_leasejobs.worker.rounds import (
+    Ending,
+    RoundContext,
+    RoundPlan,
+    claims_beside,
+    run_round,
+)
 from tests.helpers_leases import LEASE, make_job, make_jobs
 
 db = pytest.mark.django_db(transaction=True)
@@ -147,10 +153,15 @@ def test_the_claim_runs_beside_writes_that_cannot_make_room_for_it(
     running = RunningJob(job=job, task=None, started=0.0)
     success = RoundPlan(successes=[(running, Outcome(job.lease, ok=True))], claim_limit=4)
     assert claims_beside(success, _ctx(flow)) is beside
+    # Any other write may make room (a retry due at once, a job given back): none beside.
     failure = leases.Failure(*job.lease, leases.ErrorInfo("x.Y", "no"), None)
-    failed = RoundPlan(failures=[(running, Outcome(job.lease, ok=False), failure, 0.1)])
-    failed.claim_limit = 4
-    assert claims_beside(failed, _ctx(flow)) is beside
+    other = RunningJob(job=_job(), task=None, started=0.0)
+    mixed = RoundPlan(successes=success.successes, claim_limit=4)
+    mixed.failures = [(other, Outcome(other.job.lease, ok=False), failure, 0.1)]
+    assert not claims_beside(mixed, _ctx(flow))
+    given_back = RoundPlan(successes=success.successes, claim_limit=4)
+    given_back.unclaims = [(other, Ending("unclaim", "prefetched, never started"))]
+    assert not claims_beside(given_back, _ctx(flow))
 
 
 def test_nothing_runs_beside_a_round_without_outcomes_or_without_a_claim() -> None:
@@ -217,6 +228,27 @@ def test_after_a_write_that_frees_a_place_the_claim_follows_and_takes_it(
     assert beside.submitted == 0
     assert [job.id for job in result.claimed or []] == [second]
     assert _statuses([first, second]) == {first: JobStatus.SUCCEEDED, second: JobStatus.RUNNING}
+
+
+@postgres_only
+@db
+def test_a_retry_due_at_once_is_claimed_in_the_round_that_writes_its_failure(
+    threads: tuple[CountingThread, CountingThread],
+) -> None:
+    """(A ``--burst`` worker exits on an empty claim: it must not miss the retry.)"""
+    main, beside = threads
+    make_job()
+    [job] = _claim(1)
+    running = RunningJob(job=job, task=None, started=0.0)
+    failure = leases.Failure(*job.lease, leases.ErrorInfo("x.Y", "again"), 0.0)
+    plan = RoundPlan(failures=[(running, Outcome(job.lease, ok=False), failure, 0.1)])
+    plan.claim_limit = 4
+
+    result = main.submit(run_round, plan, _ctx(), beside).result()
+
+    assert result.error is None
+    assert beside.submitted == 0
+    assert [claimed.lease for claimed in result.claimed or []] == [(job.id, 2)]
 
 
 @postgres_only
