@@ -705,8 +705,9 @@ class Postgres(Target):
         super().__init__(args)
         import pgserver
 
-        # Each worker: main loop, database thread, heartbeat, listener, and a slot's own
-        # in the process pool when a job touches the database; the load; the bench.
+        # Each busy worker: its database and claim threads, heartbeat, reaper, listener,
+        # and a slot's own in the process pool when a job touches the database; the
+        # load; the bench.
         connections = args.workers * (5 + args.concurrency) + args.db_load + 30
         self.server = pgserver.PrivateServer(
             connections,

@@ -54,7 +54,7 @@ _INFO_STARTS = tuple(p for p in _os.environ.get("LEASEJOBS_BENCH_LOG_INFO", "").
 if _INFO_STARTS:
 
     def _warnings_and_some_info(record):
-        return record.levelno >= 30 or str(record.msg).startswith(_INFO_STARTS)
+        return record.levelno >= 30 or record.getMessage().startswith(_INFO_STARTS)
 
     LOGGING["filters"] = {"bench_info": {"()": lambda: _warnings_and_some_info}}
     LOGGING["loggers"]["django_leasejobs"].update(

@@ -1,8 +1,7 @@
 """One reaper pass: ``leases.reap`` plus its signals and its log line.
 
-Used by ``manage.py reap_stale_locks``; every worker's heartbeat thread runs
-``leases.reap`` itself (sometimes in one transaction with its registry touch) and
-then ``announce_reaped``.
+Used by ``manage.py reap_stale_locks`` and by every worker's reaper thread
+(``worker/reaping.py``).
 """
 
 from __future__ import annotations

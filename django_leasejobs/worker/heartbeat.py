@@ -1,25 +1,23 @@
-"""The heartbeat thread: renews the worker's leases, touches its registry row, reaps.
+"""The heartbeat thread: renews the worker's leases and touches its registry row.
 
 Every ``HEARTBEAT_INTERVAL`` it renews all of the worker's leases in one UPDATE (with
 the jobs' progress), on its own connection, for the lease ``LeaseLength`` asks for (longer
 while renewals come back late: ``lease_length.py``), so a renewal never waits behind the main
-loop's outcome writes or claims. A lease the database no longer holds, or whose job an
-operator cancelled, is posted to the main loop's inbox: the loop stops the job, or, when
-its outcome is being written, stops renewing the lease and lets the fenced write decide.
+loop's outcome writes or claims, nor behind a reap pass (the reaper thread's,
+``reaping.py``). A lease the database no longer holds, or whose job an operator
+cancelled, is posted to the main loop's inbox: the loop stops the job, or, when its
+outcome is being written, stops renewing the lease and lets the fenced write decide.
 A renewal slower than a tenth of the lease is posted too (the loop claims less). It
 touches the worker's registry row: every beat while the worker holds a lease or its
-state changed, every ``IDLE_TOUCH_BEATS`` beats otherwise. On the same connection it
-runs the reap pass of ``manage.py reap_stale_locks`` every ``STALE_LOCK_INTERVAL``
-seconds. While the worker holds no lease and listens for ``NOTIFY``, each beat also
-looks up when the next job of its queues comes due (posted as ``NextDue``, the loop's
-safety poll). What falls on one tick shares one transaction, so an idle worker makes
-one commit per tick.
+state changed, every ``IDLE_TOUCH_BEATS`` beats otherwise. While the worker holds no
+lease and listens for ``NOTIFY``, each beat also looks up when the next job of its queues
+comes due (posted as ``NextDue``, the loop's safety poll), in one transaction with the
+touch when both fall on one beat.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from contextlib import nullcontext
@@ -28,7 +26,6 @@ from django.db import DatabaseError, transaction
 
 from .. import leases
 from ..leases import storable_text
-from ..reaper import announce_reaped
 from ..signals import heartbeat_sent
 from .dispatch import SLOW_ROUND_SHARE
 from .inbox import CancelRequested, LeaseLost, NextDue, RenewalWasSlow
@@ -57,50 +54,32 @@ class Heartbeat(WorkerThread):
         super().__init__(ctx, stop, "heartbeat")
         self._beats_since_touch = 0
         self._touched: tuple[str, str] | None = None
-        self._reap_took = 0.0
 
     def loop(self) -> None:
-        options = self.ctx.options
-        beat_every = options.heartbeat_interval
-        reap_every = options.stale_lock_interval
-        started = time.monotonic()
-        next_beat = started + beat_every
-        next_reap = started + reap_every if reap_every > 0 else math.inf
-        while not self.stop_event.wait(max(0.0, min(next_beat, next_reap) - time.monotonic())):
-            now = time.monotonic()
-            beat, reap = now >= next_beat, now >= next_reap
-            if beat:
-                next_beat = _advance(next_beat, beat_every, now)
-            if reap:
-                next_reap = _advance(next_reap, reap_every, now)
-            self.tick(beat=beat, reap=reap)
+        every = self.ctx.options.heartbeat_interval
+        next_beat = time.monotonic() + every
+        while not self.stop_event.wait(max(0.0, next_beat - time.monotonic())):
+            next_beat = _advance(next_beat, every, time.monotonic())
+            self.tick()
 
-    def tick(self, *, beat: bool, reap: bool) -> None:
-        """One tick: the beat (renewals, the registry row) and/or the reap pass."""
+    def tick(self) -> None:
+        """One beat: the renewals, then the registry row and the next-due lookup."""
         ctx = self.ctx
         started = time.monotonic()
         status = ctx.status.read()
         renewed = 0
         touch = look = False
-        reaped: list[leases.ReapedJob] = []
         due: NextDue | None = None
-        doing = "heartbeat"
         try:
-            if beat:
-                renewed = self._renew_leases()
-                touch = self._touch_due(renewed, status)
-                # An idle listening worker's safety poll rides on its tick (see module doc).
-                look = not renewed and status.listening
-            if not (touch or look):
-                doing = "background reap"
-            together = touch + reap + look > 1
-            with transaction.atomic(using=ctx.database) if together else nullcontext():
+            renewed = self._renew_leases()
+            touch = self._touch_due(renewed, status)
+            # An idle listening worker's safety poll rides on its tick (see module doc).
+            look = not renewed and status.listening
+            with transaction.atomic(using=ctx.database) if touch and look else nullcontext():
                 if touch:
                     ctx.registration.touch(status.state, status.problem)
                     self._beats_since_touch = 0
                     self._touched = (status.state, status.problem)
-                if reap:
-                    reaped = self._reap()
                 if look:
                     due = NextDue(
                         leases.seconds_to_next_due(
@@ -109,13 +88,12 @@ class Heartbeat(WorkerThread):
                     )
         except DatabaseError as exc:
             logger.warning(
-                "%s failed: %s", doing, exc, extra={"worker": ctx.worker_id, "error": str(exc)}
+                "heartbeat failed: %s", exc, extra={"worker": ctx.worker_id, "error": str(exc)}
             )
             self._reset_connection()
-            if beat:
-                # A failed renewal breaks the series: the gap an outage leaves is a fault's,
-                # not a lag to stretch the leases for.
-                ctx.lease_length.idle()
+            # A failed renewal breaks the series: the gap an outage leaves is a fault's,
+            # not a lag to stretch the leases for.
+            ctx.lease_length.idle()
             if renewed or touch:
                 self._sent(started, exc)
             return
@@ -126,21 +104,12 @@ class Heartbeat(WorkerThread):
         if logger.isEnabledFor(logging.DEBUG):
             done = [f"renewed {renewed} leases"] if renewed else []
             done += ["registry row"] if touch else []
-            done += [f"reap pass ({len(reaped)} reaped)"] if reap else []
             done += ["next-due lookup"] if look else []
             logger.debug(
                 "heartbeat tick: %s%s",
                 ", ".join(done) or "nothing due",
-                " in one transaction" if together else "",
+                " in one transaction" if touch and look else "",
                 extra={"worker": ctx.worker_id, "duration": round(time.monotonic() - started, 6)},
-            )
-        if reaped:
-            announce_reaped(
-                reaped,
-                backend=ctx.backend.alias,
-                using=ctx.database,
-                reaper=ctx.worker_id,
-                duration=self._reap_took,
             )
 
     def _renew_leases(self) -> int:
@@ -166,7 +135,7 @@ class Heartbeat(WorkerThread):
         # the database never gave: a job handed to a slot then could start after another
         # worker re-claimed it (bench/chaos.py's stale start after a SIGSTOP).
         table.renewed({lease: asked[lease].generation for lease in result.held}, started, seconds)
-        stretch = length.renewed(started, answered)
+        stretch = length.renewed(started, answered, seconds)
         if stretch is not None:
             self._stretched(stretch)
         if took > SLOW_ROUND_SHARE * self.ctx.options.lease_duration:
@@ -202,8 +171,8 @@ class Heartbeat(WorkerThread):
         }
         if stretch.seconds > base:
             logger.info(
-                "renewals came back up to %.2fs late: asking for %gs leases (LEASE_DURATION "
-                "%gs) until they come back on time",
+                "renewals or claims came back up to %.2fs late: asking for %gs leases "
+                "(LEASE_DURATION %gs) until they come back on time",
                 stretch.delay,
                 stretch.seconds,
                 base,
@@ -211,7 +180,8 @@ class Heartbeat(WorkerThread):
             )
         else:
             logger.info(
-                "renewals come back on time again: asking for %gs leases (LEASE_DURATION)",
+                "renewals and claims come back on time again: asking for %gs leases "
+                "(LEASE_DURATION)",
                 stretch.seconds,
                 extra=extra,
             )
@@ -223,18 +193,6 @@ class Heartbeat(WorkerThread):
             or self._touched != (status.state, status.problem)
             or self._beats_since_touch >= IDLE_TOUCH_BEATS
         )
-
-    def _reap(self) -> list[leases.ReapedJob]:
-        ctx = self.ctx
-        started = time.monotonic()
-        reaped = leases.reap(
-            stale_lock_age=ctx.options.stale_lock_age,
-            backend=ctx.backend.alias,
-            using=ctx.database,
-            rollups=ctx.options.rollups,
-        )
-        self._reap_took = time.monotonic() - started
-        return reaped
 
     def _sent(self, started: float, error: DatabaseError | None) -> None:
         heartbeat_sent.send_robust(

@@ -1,4 +1,5 @@
-"""How long a lease the worker asks for: ``LEASE_DURATION``, longer while renewals lag.
+"""How long a lease the worker asks for: ``LEASE_DURATION``, longer while renewals or
+claims lag.
 
 The worker calls a lease lost when no renewal came back within the lease less one
 ``HEARTBEAT_INTERVAL`` (the local deadline), and stops its job; the reaper then gives the
@@ -14,6 +15,15 @@ seconds late, renewals and claims ask for a lease of
 ``2 * HEARTBEAT_INTERVAL + HEADROOM * delay`` when that is longer than ``LEASE_DURATION``
 (never more than ``MAX_STRETCH`` times it). The local deadline follows the lease each
 statement asked for, so a worker never counts on more than the database gave.
+
+Claims count too. A claimed job's lease runs from the claim's send; the heartbeat renews
+it first at its next beat after the main loop took the job, and that renewal must come
+back within the lease less a beat. So the main loop notes, for each claim, how long it
+took from its send until the loop took its jobs (and, before its first claim, how long
+the worker's registration took: on a machine already overloaded when the worker starts,
+its first claims ask for enough), and the lease covers the worst of the last ``MEMORY``
+of those the same way. The two memories are apart (each written by its own thread), so
+quick claims never push a late renewal out of mind, nor the reverse.
 
 The price: jobs of a worker that crashes while its leases are stretched come back after
 the longer lease. A renewal answered later than the lease it had (the worker was frozen
@@ -55,33 +65,42 @@ class Stretch:
 
 
 class LeaseLength:
-    """The lease the worker asks for now. The heartbeat thread writes it (``renewed``,
-    ``idle``); the main loop reads it for its claims (``seconds``) and its registry row
-    (``problem``)."""
+    """The lease the worker asks for now: the heartbeat thread notes its renewals
+    (``renewed``, ``idle``), the main loop its claims (``claim_came_back``), each in its
+    own memory; both read ``seconds`` (the main loop for its claims and its registry row's
+    ``problem``)."""
 
     def __init__(self, lease_duration: float, heartbeat_interval: float) -> None:
         self.base = lease_duration
         self.beat = heartbeat_interval
-        self._now = Stretch(lease_duration, 0.0)
-        """Replaced whole (one reference: the main loop reads it without a lock)."""
         self._delays: deque[float] = deque(maxlen=MEMORY)
+        """How late the recent renewals came back (the heartbeat's)."""
+        self._renewal_worst = 0.0
+        self._trips: deque[float] = deque(maxlen=MEMORY)
+        """How long the main loop's recent claims took to reach it (the loop's)."""
+        self._trip_worst = 0.0
+        """Each worst is written by its owner alone, whole (the readers take no lock)."""
         self._last: tuple[float, float] | None = None
         """The previous renewal of an unbroken series: (its send, the lease it asked)."""
+        self._reported = Stretch(lease_duration, 0.0)
+        """The lease length the heartbeat last reported (``renewed``)."""
 
     @property
     def seconds(self) -> float:
         """The lease to ask for."""
-        return self._now.seconds
+        return self._wanted(max(self._renewal_worst, self._trip_worst))
 
     def problem(self) -> str:
         """'' while leases are ``LEASE_DURATION``; else why they are longer (the worker's
         registry row shows it: the admin, ``leasejobs_status``)."""
-        now = self._now
-        if now.seconds == self.base:
+        seconds = self.seconds
+        if seconds == self.base:
             return ""
+        renewals, trips = self._renewal_worst, self._trip_worst
+        what = "renewals" if renewals >= trips else "claims"
         return (
-            f"renewals came back up to {now.delay:.2f}s late: leases stretched to "
-            f"{now.seconds:g}s (LEASE_DURATION {self.base:g}s)"
+            f"{what} came back up to {max(renewals, trips):.2f}s late: leases stretched to "
+            f"{seconds:g}s (LEASE_DURATION {self.base:g}s)"
         )
 
     def idle(self) -> None:
@@ -89,11 +108,10 @@ class LeaseLength:
         has no predecessor (the gap is no lag)."""
         self._last = None
 
-    def renewed(self, sent: float, answered: float) -> Stretch | None:
+    def renewed(self, sent: float, answered: float, asked: float) -> Stretch | None:
         """A renewal sent at ``sent`` and answered at ``answered`` (monotonic), asking for
-        :attr:`seconds` (only this method changes it); the new lease length when it
-        changed."""
-        asked = self._now.seconds
+        ``asked`` seconds; the lease length to ask for when it changed since the last
+        report (by this renewal, or by the main loop's claims since)."""
         previous, self._last = self._last, (sent, asked)
         if previous is None:  # the first of a series: its round trip alone
             since, had, delay = sent, asked, answered - sent
@@ -102,12 +120,24 @@ class LeaseLength:
             delay = answered - since - self.beat
         if answered - since < had:  # else the lease had run out: a fault, not a lag
             self._delays.append(max(0.0, delay))
-        worst = max(self._delays, default=0.0)
-        wanted = self._wanted(worst)
-        if wanted == self._now.seconds:
+        self._renewal_worst = max(self._delays, default=0.0)
+        seconds = self.seconds
+        if seconds == self._reported.seconds:
             return None
-        self._now = Stretch(wanted, worst)
-        return self._now
+        self._reported = Stretch(seconds, max(self._renewal_worst, self._trip_worst))
+        return self._reported
+
+    def claim_came_back(self, sent: float, taken: float, asked: float) -> None:
+        """A claim of the main loop sent at ``sent``, asking for ``asked`` seconds, whose
+        jobs the loop took at ``taken`` (monotonic); also the worker's registration at
+        start, before its first claim. A claimed job's lease runs from the send, and its
+        first renewal comes a beat after the loop took it at the latest: a claim that
+        took long asks the next claims (and renewals) to cover that. One answered after
+        its lease ran out is a fault and stretches nothing."""
+        took = taken - sent
+        if took < asked:
+            self._trips.append(max(0.0, took))
+            self._trip_worst = max(self._trips)
 
     def _wanted(self, delay: float) -> float:
         needed = 2 * self.beat + HEADROOM * delay

@@ -10,8 +10,10 @@ Threads of one worker process:
 * database thread (``driver.py``, ``rounds.py``): the main loop's claims and outcome
   writes, one round at a time; it returns results, never changes the loop's objects.
   On PostgreSQL a second one runs a round's claim beside its writes;
-* heartbeat (``heartbeat.py``): renews every lease in one UPDATE, touches the registry
-  row, runs the reap pass, on its own connection;
+* heartbeat (``heartbeat.py``): renews every lease in one UPDATE and touches the
+  registry row, on its own connection;
+* reaper (``reaping.py``): the reap pass every ``STALE_LOCK_INTERVAL``, on its own
+  connection (a slow pass never delays a renewal);
 * watchdog (``watchdog.py``): never touches the database; finds jobs whose lease is
   presumed lost by the local clock, or past their timeout;
 * listener (``listener.py``, PostgreSQL): ``LISTEN leasejobs`` to wake the main loop;
@@ -60,6 +62,7 @@ from .lease_length import LeaseLength
 from .lifecycle import Registration, harden_connections, install_stop_signals, restore_signals
 from .listener import Listener
 from .pools import Pool, ProcessPool, ThreadPool
+from .reaping import Reaper
 from .recorder import Recorder
 from .reporter import Reporter
 from .scheduler import Scheduler
@@ -195,7 +198,10 @@ class Worker:
         previous = install_stop_signals(self._on_signal)
         self.pool.start()  # fork the slots before any other thread exists
         try:
+            sent = time.monotonic()
             self.registration.register()
+            # How long that took is how long the first claims may take (lease_length.py).
+            self.lease_length.claim_came_back(sent, time.monotonic(), self.options.lease_duration)
             # The main thread needs no connection until it deregisters: close the one it
             # registered with rather than hold it for the worker's life.
             connections[self.database].close()
@@ -228,16 +234,23 @@ class Worker:
         return len(self.options.schedules) if self.config.runs_schedules else 0
 
     def _start_threads(self) -> None:
-        ctx = self.thread_context()
-        self._threads = [Heartbeat(ctx, self._stop_threads), Watchdog(ctx, self._stop_threads)]
-        if connections[self.database].vendor == "postgresql":
-            self._threads.append(Listener(ctx, self._stop_threads))
-        if self._scheduled:
-            self._threads.append(Scheduler(ctx, self._stop_threads))
-        if self.options.alerts:
-            self._threads.append(AlertWatch(ctx, self._stop_threads))
+        self._threads = self.background_threads(self._stop_threads)
         for thread in self._threads:
             thread.start()
+
+    def background_threads(self, stop: threading.Event) -> list[WorkerThread]:
+        """The worker's background threads (not started), each stopping on ``stop``."""
+        ctx = self.thread_context()
+        threads: list[WorkerThread] = [Heartbeat(ctx, stop), Watchdog(ctx, stop)]
+        if self.options.stale_lock_interval > 0:
+            threads.append(Reaper(ctx, stop))
+        if connections[self.database].vendor == "postgresql":
+            threads.append(Listener(ctx, stop))
+        if self._scheduled:
+            threads.append(Scheduler(ctx, stop))
+        if self.options.alerts:
+            threads.append(AlertWatch(ctx, stop))
+        return threads
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.inbox.post(StopAsked(signal.Signals(signum).name, time.monotonic()))
@@ -382,6 +395,9 @@ class Worker:
             self.rounds.claim_wanted = True
         if result.claimed is not None:
             claimed = result.claimed
+            self.lease_length.claim_came_back(
+                result.claim_sent, time.monotonic(), result.claim_lease
+            )
             self.reporter.claimed(len(claimed), plan.claim_limit)
             idle = self.rounds.claimed(len(claimed), plan.claim_limit, listening=self.listening)
             if idle is not None:

@@ -54,7 +54,7 @@ def test_a_renewal_counts_from_when_it_was_sent(worker: Worker) -> None:
     statement = FirstJobStatement()
     heartbeat = Heartbeat(worker.thread_context(), threading.Event())
     with connection.execute_wrapper(statement):
-        heartbeat.tick(beat=True, reap=False)
+        heartbeat.tick()
     returned = time.monotonic()
     assert statement.at is not None
     renewed_at = table.renewed_at(claimed.lease)

@@ -34,7 +34,7 @@ def _series(length: LeaseLength, trips: list[float], start: float = 100.0) -> fl
     time after the last."""
     sent = start
     for trip in trips:
-        length.renewed(sent, sent + trip)
+        length.renewed(sent, sent + trip, length.seconds)
         sent += max(BEAT, trip)
     return sent
 
@@ -50,10 +50,10 @@ def test_a_late_renewal_stretches_the_lease_in_quarters_up_to_the_cap() -> None:
     length = LeaseLength(LEASE, BEAT)
     _series(length, [0.05])
     # Answered 1.5 s after the previous send (100.0), one heartbeat meant: 0.5 s late.
-    stretch = length.renewed(101.0, 101.5)
+    stretch = length.renewed(101.0, 101.5, length.seconds)
     assert stretch is None  # 2 * 1 + 3 * 0.5 = 3.5 s: the 4 s lease covers it
     # The next one 1.4 s late: 2 + 3 * 1.4 = 6.2 s, in quarters of 4 s: 7 s.
-    stretch = length.renewed(102.0, 103.4)
+    stretch = length.renewed(102.0, 103.4, length.seconds)
     assert stretch is not None
     assert (stretch.seconds, round(stretch.delay, 6)) == (7.0, 1.4)
     assert length.seconds == 7.0
@@ -62,8 +62,8 @@ def test_a_late_renewal_stretches_the_lease_in_quarters_up_to_the_cap() -> None:
     )
     # However late (within the 7 s the one before asked for), never more than
     # MAX_STRETCH leases.
-    length.renewed(104.0, 104.05)
-    length.renewed(105.0, 104.0 + 6.5)
+    length.renewed(104.0, 104.05, length.seconds)
+    length.renewed(105.0, 104.0 + 6.5, length.seconds)
     assert length.seconds == MAX_STRETCH * LEASE
 
 
@@ -71,22 +71,22 @@ def test_a_renewal_answered_after_its_lease_ran_out_stretches_nothing() -> None:
     """A frozen or cut-off worker lost its leases anyway: that is a fault, not load."""
     length = LeaseLength(LEASE, BEAT)
     _series(length, [0.05])
-    assert length.renewed(101.0, 101.0 + 30.0) is None  # 30 s after 100.0: > 4 s
+    assert length.renewed(101.0, 101.0 + 30.0, length.seconds) is None  # 30 s after 100.0: > 4 s
     assert length.seconds == LEASE
     # The first renewal after a claim has no predecessor: its own round trip counts.
     length.idle()
-    assert length.renewed(200.0, 200.0 + LEASE + 0.1) is None
+    assert length.renewed(200.0, 200.0 + LEASE + 0.1, length.seconds) is None
 
 
 def test_the_lease_shrinks_back_once_the_late_renewals_are_forgotten() -> None:
     length = LeaseLength(LEASE, BEAT)
     _series(length, [0.05])
-    length.renewed(101.0, 102.0)  # 1 s late
+    length.renewed(101.0, 102.0, length.seconds)  # 1 s late
     assert length.seconds == pytest.approx(5.0)  # 2 + 3 * 1 = 5 s
     changes = []
     sent = 102.0
     for _ in range(MEMORY):
-        change = length.renewed(sent, sent + 0.05)
+        change = length.renewed(sent, sent + 0.05, length.seconds)
         if change is not None:
             changes.append(change.seconds)
         sent += BEAT
@@ -99,7 +99,7 @@ def test_an_idle_heartbeat_starts_a_new_series() -> None:
     length = LeaseLength(LEASE, BEAT)
     _series(length, [0.05])
     length.idle()
-    assert length.renewed(103.0, 103.05) is None  # 3 s after 100.0: no matter
+    assert length.renewed(103.0, 103.05, length.seconds) is None  # 3 s after 100.0: no matter
     assert length.seconds == LEASE
 
 
@@ -109,9 +109,62 @@ def test_the_headroom_covers_a_renewal_headroom_times_as_late() -> None:
     length = LeaseLength(LEASE, BEAT)
     _series(length, [0.05])
     late = 2.0
-    length.renewed(101.0, 100.0 + BEAT + late)
+    length.renewed(101.0, 100.0 + BEAT + late, length.seconds)
     deadline = length.seconds - BEAT  # the local deadline of the lease asked for next
     assert BEAT + HEADROOM * late <= deadline
+
+
+# -- the main loop's part: its claims (and its registration) feed the lease length too
+
+
+def test_a_claim_that_took_long_stretches_the_lease_the_next_claims_ask_for() -> None:
+    """A claimed job's lease runs from the claim's send: a claim whose jobs reached the
+    loop 1.5 s after it was sent asks the next ones to cover that, the heartbeat's
+    renewals too (reported with the next renewal)."""
+    length = LeaseLength(LEASE, BEAT)
+    length.claim_came_back(100.0, 100.2, LEASE)
+    assert length.seconds == LEASE  # 2 + 3 * 0.2 = 2.6 s: the 4 s lease covers it
+    length.claim_came_back(101.0, 102.5, LEASE)
+    assert length.seconds == 7.0  # 2 + 3 * 1.5 = 6.5 s, in quarters of 4 s
+    assert length.problem() == (
+        "claims came back up to 1.50s late: leases stretched to 7s (LEASE_DURATION 4s)"
+    )
+    stretch = length.renewed(103.0, 103.05, length.seconds)
+    assert stretch is not None
+    assert (stretch.seconds, stretch.delay) == (7.0, 1.5)
+    assert length.renewed(104.0, 104.05, length.seconds) is None  # reported once
+
+
+def test_quick_claims_never_push_a_late_renewal_out_of_mind() -> None:
+    """The claims and the renewals are remembered apart: many quick claims (a busy
+    worker claims many times a second) leave the lease a late renewal asked for."""
+    length = LeaseLength(LEASE, BEAT)
+    _series(length, [0.05])
+    length.renewed(101.0, 102.4, length.seconds)  # 1.4 s late: 7 s
+    for n in range(MEMORY * 2):
+        length.claim_came_back(104.0 + n / 100, 104.01 + n / 100, length.seconds)
+    assert length.seconds == 7.0
+    # ... and quick renewals leave the lease a slow claim asked for.
+    length = LeaseLength(LEASE, BEAT)
+    length.claim_came_back(100.0, 101.5, LEASE)
+    _series(length, [0.05] * (MEMORY * 2), start=102.0)
+    assert length.seconds == 7.0
+
+
+def test_a_claim_answered_after_its_lease_ran_out_stretches_nothing() -> None:
+    length = LeaseLength(LEASE, BEAT)
+    length.claim_came_back(100.0, 100.0 + LEASE + 0.5, LEASE)  # frozen or cut off: a fault
+    assert length.seconds == LEASE
+
+
+def test_the_claims_memory_forgets_a_slow_claim_after_memory_quick_ones() -> None:
+    length = LeaseLength(LEASE, BEAT)
+    length.claim_came_back(100.0, 101.5, LEASE)
+    for n in range(MEMORY - 1):
+        length.claim_came_back(102.0 + n, 102.05 + n, length.seconds)
+    assert length.seconds == 7.0
+    length.claim_came_back(200.0, 200.05, length.seconds)
+    assert length.seconds == LEASE
 
 
 # -- the heartbeat's part: its renewals feed the lease length; a failed one breaks the series
@@ -141,14 +194,14 @@ def test_a_failed_renewal_breaks_the_series(worker: Worker, fails_between: bool)
     ctx = dataclasses.replace(worker.thread_context(), lease_length=length)
     ctx.table.add(claimed.lease, time.monotonic(), 60.0)
     heartbeat = Heartbeat(ctx, threading.Event())
-    heartbeat.tick(beat=True, reap=False)
+    heartbeat.tick()
     first = ctx.table.renewed_at(claimed.lease)
     assert first > 0
     if fails_between:
         with connection.execute_wrapper(FailRenewals()):
-            heartbeat.tick(beat=True, reap=False)
+            heartbeat.tick()
         assert ctx.table.renewed_at(claimed.lease) == first  # not renewed
     wait_until(lambda: time.monotonic() > first + 0.9, what="0.9 s after the first renewal")
-    heartbeat.tick(beat=True, reap=False)
+    heartbeat.tick()
     assert ctx.table.renewed_at(claimed.lease) > first
     assert (length.seconds > 2.0) is not fails_between, length.seconds
