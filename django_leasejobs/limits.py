@@ -78,10 +78,12 @@ class FlowRules:
     """Queue name -> most running jobs of that queue (``QUEUE_LIMITS``)."""
     queue_rates: Mapping[str, Rate] = field(default_factory=dict)
     """Queue name -> most job starts per period (``QUEUE_RATE_LIMITS``)."""
+    limited_queues: frozenset[str] = field(init=False)
+    """The queues with either (made once: every database round reads it)."""
 
-    @property
-    def limited_queues(self) -> frozenset[str]:
-        return frozenset(self.queue_limits) | frozenset(self.queue_rates)
+    def __post_init__(self) -> None:
+        limited = frozenset(self.queue_limits) | frozenset(self.queue_rates)
+        object.__setattr__(self, "limited_queues", limited)
 
 
 def task_group(task_path: str) -> str:

@@ -32,6 +32,24 @@ def make_job(**fields: Any) -> Job:
     return Job.objects.create(**fields)
 
 
+def claimed_job(**fields: Any) -> leases.ClaimedJob:
+    """A claimed job as the worker holds it, never in the database (job 1, attempt 1 of
+    ``tests.tasks.add`` in the default queue; ``fields`` override those)."""
+    values: dict[str, Any] = {
+        "id": 1,
+        "attempt": 1,
+        "task_path": TASK_PATH,
+        "queue": "default",
+        "priority": 0,
+        "args": [],
+        "kwargs": {},
+        "timeout": None,
+        "max_attempts": 3,
+        "checkpoint": None,
+    }
+    return leases.ClaimedJob(**(values | fields))
+
+
 def make_jobs(count: int, **fields: Any) -> list[int]:
     """Insert ``count`` pending jobs with one multi-row INSERT; return their ids, ascending."""
     fields.setdefault("task_path", TASK_PATH)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 import pytest
 from django.db import OperationalError, connection, connections
@@ -36,7 +36,7 @@ from django_leasejobs.worker.rounds import (
     claims_beside,
     run_round,
 )
-from tests.helpers_leases import LEASE, make_job, make_jobs
+from tests.helpers_leases import LEASE, claimed_job, make_job, make_jobs
 
 db = pytest.mark.django_db(transaction=True)
 postgres_only = pytest.mark.skipif(
@@ -107,6 +107,14 @@ def _successes(claimed: list[ClaimedJob]) -> list[tuple[RunningJob, Outcome]]:
     ]
 
 
+def _success_round(
+    running: int, claim_limit: int, flow: FlowRules | None = None
+) -> tuple[list[ClaimedJob], RoundPlan]:
+    """Claim ``running`` jobs, and a round that writes their successes and claims."""
+    claimed = _claim(running, flow)
+    return claimed, RoundPlan(successes=_successes(claimed), claim_limit=claim_limit)
+
+
 def _kill(pid: int) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
@@ -120,30 +128,14 @@ def _statuses(ids: list[int]) -> dict[int, str]:
 # -- the rule ------------------------------------------------------------------------------
 
 
-def _job(**fields: Any) -> ClaimedJob:
-    fields.setdefault("queue", "default")
-    return ClaimedJob(
-        1,
-        1,
-        "tests.tasks.add",
-        priority=0,
-        args=[],
-        kwargs={},
-        timeout=None,
-        max_attempts=3,
-        checkpoint=None,
-        **fields,
-    )
-
-
 @pytest.mark.parametrize(
     ("job", "flow", "beside"),
     [
-        (_job(), FlowRules(), True),
-        (_job(flow_group=key_group("k")), FlowRules(), False),
-        (_job(workflow_id=7), FlowRules(), False),
-        (_job(queue="limited"), FlowRules(queue_limits={"limited": 2}), False),
-        (_job(queue="other"), FlowRules(queue_limits={"limited": 2}), True),
+        (claimed_job(), FlowRules(), True),
+        (claimed_job(flow_group=key_group("k")), FlowRules(), False),
+        (claimed_job(workflow_id=7), FlowRules(), False),
+        (claimed_job(queue="limited"), FlowRules(queue_limits={"limited": 2}), False),
+        (claimed_job(queue="other"), FlowRules(queue_limits={"limited": 2}), True),
     ],
     ids=["plain", "flow-group", "workflow-step", "limited-queue", "other-queue"],
 )
@@ -155,7 +147,7 @@ def test_the_claim_runs_beside_writes_that_cannot_make_room_for_it(
     assert claims_beside(success, _ctx(flow)) is beside
     # Any other write may make room (a retry due at once, a job given back): none beside.
     failure = leases.Failure(*job.lease, leases.ErrorInfo("x.Y", "no"), None)
-    other = RunningJob(job=_job(), task=None, started=0.0)
+    other = RunningJob(job=claimed_job(), task=None, started=0.0)
     mixed = RoundPlan(successes=success.successes, claim_limit=4)
     mixed.failures = [(other, Outcome(other.job.lease, ok=False), failure, 0.1)]
     assert not claims_beside(mixed, _ctx(flow))
@@ -165,7 +157,7 @@ def test_the_claim_runs_beside_writes_that_cannot_make_room_for_it(
 
 
 def test_nothing_runs_beside_a_round_without_outcomes_or_without_a_claim() -> None:
-    job = _job()
+    job = claimed_job()
     running = RunningJob(job=job, task=None, started=0.0)
     assert not claims_beside(RoundPlan(claim_limit=4), _ctx())
     assert not claims_beside(RoundPlan(successes=[(running, Outcome(job.lease, ok=True))]), _ctx())
@@ -185,8 +177,7 @@ def test_a_round_claims_beside_its_writes_what_it_would_claim_after_them(
 ) -> None:
     main, beside = threads
     ids = make_jobs(7)
-    running = _claim(4)
-    plan = RoundPlan(successes=_successes(running), claim_limit=10)
+    running, plan = _success_round(4, claim_limit=10)
 
     result = main.submit(run_round, plan, _ctx(), beside).result()
 
@@ -218,9 +209,8 @@ def test_after_a_write_that_frees_a_place_the_claim_follows_and_takes_it(
     else:
         flow = FlowRules(queue_limits={"narrow": 1})
         first, second = (make_job(queue="narrow").pk for _ in range(2))
-    running = _claim(5, flow)
+    running, plan = _success_round(5, claim_limit=5, flow=flow)
     assert [job.id for job in running] == [first]
-    plan = RoundPlan(successes=_successes(running), claim_limit=5)
 
     result = main.submit(run_round, plan, _ctx(flow), beside).result()
 
@@ -259,8 +249,7 @@ def test_a_claim_that_fails_beside_the_writes_fails_the_round_and_the_writes_sta
     main, beside = threads
     ids = make_jobs(9)
     _kill(beside.backend_pid())  # its connection is dead: the next claim there fails
-    running = _claim(3)
-    plan = RoundPlan(successes=_successes(running), claim_limit=3)
+    running, plan = _success_round(3, claim_limit=3)
 
     result = main.submit(run_round, plan, _ctx(), beside).result()
 
@@ -271,8 +260,7 @@ def test_a_claim_that_fails_beside_the_writes_fails_the_round_and_the_writes_sta
     assert result.claimed is None
     assert list(_statuses(ids).values()).count(JobStatus.PENDING) == 6
     # The thread beside closed its dead connection: its next claim connects again.
-    running = _claim(3)
-    plan = RoundPlan(successes=_successes(running), claim_limit=3)
+    running, plan = _success_round(3, claim_limit=3)
     again = main.submit(run_round, plan, _ctx(), beside).result()
     assert again.error is None
     assert beside.submitted == 2
@@ -287,8 +275,7 @@ def test_writes_that_fail_beside_a_claim_fail_the_round_and_its_claimed_jobs_are
     main, beside = threads
     ids = make_jobs(6)
     _kill(main.backend_pid())  # the writes' connection is dead
-    running = _claim(3)
-    plan = RoundPlan(successes=_successes(running), claim_limit=3)
+    _, plan = _success_round(3, claim_limit=3)
 
     result = main.submit(run_round, plan, _ctx(), beside).result()
 

@@ -23,6 +23,7 @@ from django_leasejobs.models import FINISHED_STATUSES, Job, JobStatus
 from django_leasejobs.retry import Decision, Verdict
 from django_leasejobs.worker.execution import Outcome
 from tests import tasks_tracing
+from tests.helpers_leases import claimed_job
 from tests.tasks_tracing import BATCH, HIDE_OTEL, SPANS_DIR, read_spans, span_record
 from tests.waiting import wait_until
 from tests.worker_harness import Workers
@@ -240,18 +241,8 @@ def test_without_opentelemetry_the_worker_runs_jobs(
 
 
 def claimed(trace_context: Any) -> ClaimedJob:
-    return ClaimedJob(
-        id=1,
-        attempt=1,
-        task_path="tests.tasks_tracing.succeed",
-        queue="default",
-        priority=0,
-        args=[],
-        kwargs={},
-        timeout=None,
-        max_attempts=1,
-        checkpoint=None,
-        trace_context=trace_context,
+    return claimed_job(
+        task_path="tests.tasks_tracing.succeed", max_attempts=1, trace_context=trace_context
     )
 
 
