@@ -1,7 +1,8 @@
 """One reaper pass: ``leases.reap`` plus its signals and its log line.
 
-Used by ``manage.py reap_stale_locks`` and by every worker's reaper thread
-(``worker/reaping.py``).
+Used by ``manage.py reap_stale_locks``; every worker's housekeeping thread runs
+``leases.reap`` itself (sometimes in one transaction with its registry touch) and then
+``announce_reaped``.
 """
 
 from __future__ import annotations

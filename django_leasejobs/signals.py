@@ -40,8 +40,9 @@ jobs_claimed = Signal()
 (jobs claimed), limit (jobs asked for)."""
 
 heartbeat_sent = Signal()
-"""A worker's heartbeat (lease renewal and registry touch) ended. Extra: worker_id,
-duration (seconds), error (the ``DatabaseError`` that failed it, or None)."""
+"""A worker's heartbeat ended: the renewal of its leases, or, while it holds none, the
+update of its registry row. Extra: worker_id, duration (seconds), error (the
+``DatabaseError`` that failed it, or None)."""
 
 
 worker_started = Signal()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 
 from ..models import AttemptOutcome, Job
 from .dependants import EndedStep, repair_waiting, settle_and_notify
@@ -19,6 +20,8 @@ from .rules import REAP_ERROR_CLASS, REAP_ERROR_MESSAGE, reaped_is_final, reaped
 from .values import ErrorInfo, Failure, ReapedJob
 
 REAP_ERROR = ErrorInfo(REAP_ERROR_CLASS, REAP_ERROR_MESSAGE)
+
+logger = logging.getLogger("django_leasejobs")
 
 _RETURNING = (
     "id",
@@ -137,10 +140,30 @@ def reap(
                 add_tally(_reap_tally(reaped, database_now(using)), using=using)
         return sorted(reaped, key=lambda job: job.id)
 
-    reaped = retry_deadlocks(d.using, reap_rows)
-    # Waiting workflow steps left behind by a write that did not settle them.
-    retry_deadlocks(d.using, lambda: repair_waiting(d, backend=backend))
+    if d.vendor == "mysql":
+        # InnoDB may pick either as a deadlock victim: each is a whole transaction of its
+        # own, run again if so.
+        reaped = retry_deadlocks(d.using, reap_rows)
+        retry_deadlocks(d.using, lambda: repair_waiting(d, backend=backend))
+        return reaped
+    # Elsewhere one transaction (an idle worker's pass is one commit); the repair in a
+    # savepoint of it, so that a repair that fails leaves the reap standing.
+    with transaction.atomic(using=using):
+        reaped = reap_rows()
+        _repair_waiting(d, backend)
     return reaped
+
+
+def _repair_waiting(d: Dialect, backend: str | None) -> None:
+    """Waiting workflow steps left behind by a write that did not settle them."""
+    try:
+        repair_waiting(d, backend=backend)
+    except DatabaseError as exc:
+        logger.warning(
+            "repair of waiting workflow steps failed: %s",
+            exc,
+            extra={"backend": backend, "error": str(exc)},
+        )
 
 
 def _reap_tally(reaped: Sequence[ReapedJob], now: datetime) -> Tally:

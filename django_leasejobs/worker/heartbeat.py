@@ -1,18 +1,15 @@
-"""The heartbeat thread: renews the worker's leases and touches its registry row.
+"""The heartbeat thread: renews the worker's leases, and does nothing else.
 
 Every ``HEARTBEAT_INTERVAL`` it renews all of the worker's leases in one UPDATE (with
 the jobs' progress), on its own connection, for the lease ``LeaseLength`` asks for (longer
-while renewals come back late: ``lease_length.py``), so a renewal never waits behind the main
-loop's outcome writes or claims, nor behind a reap pass (the reaper thread's,
-``reaping.py``). A lease the database no longer holds, or whose job an operator
-cancelled, is posted to the main loop's inbox: the loop stops the job, or, when its
-outcome is being written, stops renewing the lease and lets the fenced write decide.
-A renewal slower than a tenth of the lease is posted too (the loop claims less). It
-touches the worker's registry row: every beat while the worker holds a lease or its
-state changed, every ``IDLE_TOUCH_BEATS`` beats otherwise. While the worker holds no
-lease and listens for ``NOTIFY``, each beat also looks up when the next job of its queues
-comes due (posted as ``NextDue``, the loop's safety poll), in one transaction with the
-touch when both fall on one beat.
+while renewals or claims come back late: ``lease_length.py``), so a renewal never waits
+behind the main loop's outcome writes or claims, nor behind the housekeeping thread's
+registry row and reap passes (``housekeeping.py``). A lease the database no longer
+holds, or whose job an operator cancelled, is posted to the main loop's inbox: the loop
+stops the job, or, when its outcome is being written, stops renewing the lease and lets
+the fenced write decide. A renewal slower than a tenth of the lease is posted too (the
+loop claims less). A worker that holds no lease sends nothing (its thread opens no
+connection until then).
 """
 
 from __future__ import annotations
@@ -20,72 +17,40 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from contextlib import nullcontext
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 
 from .. import leases
 from ..leases import storable_text
 from ..signals import heartbeat_sent
 from .dispatch import SLOW_ROUND_SHARE
-from .inbox import CancelRequested, LeaseLost, NextDue, RenewalWasSlow
+from .inbox import CancelRequested, LeaseLost, RenewalWasSlow
 from .lease_length import Stretch
 from .rounds import is_connection_error
-from .shared import WorkerStatus
-from .threads import ThreadContext, WorkerThread
+from .threads import ThreadContext, WorkerThread, next_tick
 
 logger = logging.getLogger("django_leasejobs")
 
-IDLE_TOUCH_BEATS = 2
-"""A worker that holds no lease touches its registry row every this many beats (the
-admin and ``leasejobs_status`` call a worker gone after ``3 * HEARTBEAT_INTERVAL + 5`` s)."""
-
 Lease = tuple[int, int]
-
-
-def _advance(due: float, every: float, now: float) -> float:
-    """The next time of a tick due at ``due``; one that fell behind starts again from now."""
-    following = due + every
-    return following if following > now else now + every
 
 
 class Heartbeat(WorkerThread):
     def __init__(self, ctx: ThreadContext, stop: threading.Event) -> None:
         super().__init__(ctx, stop, "heartbeat")
-        self._beats_since_touch = 0
-        self._touched: tuple[str, str] | None = None
 
     def loop(self) -> None:
         every = self.ctx.options.heartbeat_interval
         next_beat = time.monotonic() + every
         while not self.stop_event.wait(max(0.0, next_beat - time.monotonic())):
-            next_beat = _advance(next_beat, every, time.monotonic())
+            next_beat = next_tick(next_beat, every, time.monotonic())
             self.tick()
 
     def tick(self) -> None:
-        """One beat: the renewals, then the registry row and the next-due lookup."""
+        """One beat: renew every lease the worker holds (nothing when it holds none)."""
         ctx = self.ctx
         started = time.monotonic()
-        status = ctx.status.read()
-        renewed = 0
-        touch = look = False
-        due: NextDue | None = None
         try:
             renewed = self._renew_leases()
-            touch = self._touch_due(renewed, status)
-            # An idle listening worker's safety poll rides on its tick (see module doc).
-            look = not renewed and status.listening
-            with transaction.atomic(using=ctx.database) if touch and look else nullcontext():
-                if touch:
-                    ctx.registration.touch(status.state, status.problem)
-                    self._beats_since_touch = 0
-                    self._touched = (status.state, status.problem)
-                if look:
-                    due = NextDue(
-                        leases.seconds_to_next_due(
-                            ctx.backend.alias, ctx.queues, using=ctx.database
-                        )
-                    )
         except DatabaseError as exc:
             logger.warning(
                 "heartbeat failed: %s", exc, extra={"worker": ctx.worker_id, "error": str(exc)}
@@ -94,21 +59,15 @@ class Heartbeat(WorkerThread):
             # A failed renewal breaks the series: the gap an outage leaves is a fault's,
             # not a lag to stretch the leases for.
             ctx.lease_length.idle()
-            if renewed or touch:
-                self._sent(started, exc)
+            self._sent(started, exc)
             return
-        if renewed or touch:
-            self._sent(started, None)
-        if due is not None:
-            ctx.inbox.post(due)
+        if not renewed:
+            return
+        self._sent(started, None)
         if logger.isEnabledFor(logging.DEBUG):
-            done = [f"renewed {renewed} leases"] if renewed else []
-            done += ["registry row"] if touch else []
-            done += ["next-due lookup"] if look else []
             logger.debug(
-                "heartbeat tick: %s%s",
-                ", ".join(done) or "nothing due",
-                " in one transaction" if touch and look else "",
+                "heartbeat tick: renewed %d leases",
+                renewed,
                 extra={"worker": ctx.worker_id, "duration": round(time.monotonic() - started, 6)},
             )
 
@@ -185,14 +144,6 @@ class Heartbeat(WorkerThread):
                 stretch.seconds,
                 extra=extra,
             )
-
-    def _touch_due(self, renewed: int, status: WorkerStatus) -> bool:
-        self._beats_since_touch += 1
-        return (
-            renewed > 0
-            or self._touched != (status.state, status.problem)
-            or self._beats_since_touch >= IDLE_TOUCH_BEATS
-        )
 
     def _sent(self, started: float, error: DatabaseError | None) -> None:
         heartbeat_sent.send_robust(

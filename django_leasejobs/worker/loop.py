@@ -10,10 +10,11 @@ Threads of one worker process:
 * database thread (``driver.py``, ``rounds.py``): the main loop's claims and outcome
   writes, one round at a time; it returns results, never changes the loop's objects.
   On PostgreSQL a second one runs a round's claim beside its writes;
-* heartbeat (``heartbeat.py``): renews every lease in one UPDATE and touches the
-  registry row, on its own connection;
-* reaper (``reaping.py``): the reap pass every ``STALE_LOCK_INTERVAL``, on its own
-  connection (a slow pass never delays a renewal);
+* heartbeat (``heartbeat.py``): renews every lease in one UPDATE, on its own
+  connection, and does nothing else;
+* housekeeping (``housekeeping.py``): the registry row, the reap pass every
+  ``STALE_LOCK_INTERVAL``, the idle next-due lookup, on its own connection (a slow
+  reap pass never delays a renewal);
 * watchdog (``watchdog.py``): never touches the database; finds jobs whose lease is
   presumed lost by the local clock, or past their timeout;
 * listener (``listener.py``, PostgreSQL): ``LISTEN leasejobs`` to wake the main loop;
@@ -45,6 +46,7 @@ from .dispatch import Dispatcher
 from .driver import RoundDriver
 from .handover import Handover
 from .heartbeat import Heartbeat
+from .housekeeping import Housekeeping
 from .inbox import (
     CancelRequested,
     Inbox,
@@ -62,7 +64,6 @@ from .lease_length import LeaseLength
 from .lifecycle import Registration, harden_connections, install_stop_signals, restore_signals
 from .listener import Listener
 from .pools import Pool, ProcessPool, ThreadPool
-from .reaping import Reaper
 from .recorder import Recorder
 from .reporter import Reporter
 from .scheduler import Scheduler
@@ -241,9 +242,11 @@ class Worker:
     def background_threads(self, stop: threading.Event) -> list[WorkerThread]:
         """The worker's background threads (not started), each stopping on ``stop``."""
         ctx = self.thread_context()
-        threads: list[WorkerThread] = [Heartbeat(ctx, stop), Watchdog(ctx, stop)]
-        if self.options.stale_lock_interval > 0:
-            threads.append(Reaper(ctx, stop))
+        threads: list[WorkerThread] = [
+            Heartbeat(ctx, stop),
+            Housekeeping(ctx, stop),
+            Watchdog(ctx, stop),
+        ]
         if connections[self.database].vendor == "postgresql":
             threads.append(Listener(ctx, stop))
         if self._scheduled:

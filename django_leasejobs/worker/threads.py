@@ -23,6 +23,12 @@ from .shared import LeaseTable, StatusBoard
 logger = logging.getLogger("django_leasejobs")
 
 
+def next_tick(due: float, every: float, now: float) -> float:
+    """The next time of a tick due at ``due``; one that fell behind starts again from now."""
+    following = due + every
+    return following if following > now else now + every
+
+
 @dataclass(frozen=True, slots=True)
 class ThreadContext:
     worker_id: str

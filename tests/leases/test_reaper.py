@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import OperationalError, connection
 from django.db.models.functions import Now
 
 from django_leasejobs import leases, reaper
@@ -490,3 +491,56 @@ def test_a_reaped_cancel_requested_job_ends_cancelled_with_the_flag_cleared() ->
     stored = row(job.pk)
     assert (stored["status"], stored["cancel_requested"]) == (JobStatus.CANCELLED, False)
     assert stored["finished_at"] is not None
+
+
+class Commits:
+    """Counts the commits of the test's connection (Django commits through
+    ``connection.commit()`` at the end of an outermost ``atomic``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        commit = connection.commit
+
+        def counting() -> None:
+            self.count += 1
+            commit()
+
+        monkeypatch.setattr(connection, "commit", counting)
+
+
+def test_a_reap_pass_is_one_commit_where_no_deadlock_victim_is_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An idle worker's reaper thread runs a pass every ``STALE_LOCK_INTERVAL``: the reap
+    and the repair of waiting workflow steps in one transaction (MySQL/MariaDB: two, so
+    that a deadlock victim can be run again)."""
+    job = running_job()
+    expire(job.pk)
+    commits = Commits(monkeypatch)
+    assert [r.id for r in leases.reap(using="default")] == [job.pk]
+    assert commits.count == (2 if connection.vendor == "mysql" else 1)
+
+
+class FailRepair:
+    """An execute wrapper: the repair's look for waiting steps fails."""
+
+    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "'waiting'" in sql:
+            raise OperationalError("the repair failed")
+        return execute(sql, params, many, context)
+
+
+def test_a_failed_repair_of_waiting_steps_leaves_the_reap_standing(
+    leasejobs_log: pytest.LogCaptureFixture,
+) -> None:
+    if connection.vendor == "mysql":
+        pytest.skip("MySQL/MariaDB commit the reap before the repair (its own transaction)")
+    job = running_job()
+    expire(job.pk)
+    with connection.execute_wrapper(FailRepair()):
+        reaped = leases.reap(using="default")
+    assert [r.id for r in reaped] == [job.pk]
+    assert row(job.pk)["status"] == JobStatus.PENDING
+    assert len(attempt_rows(job.pk)) == 1
+    (warning,) = [r for r in leasejobs_log.records if r.levelno == logging.WARNING]
+    assert warning.getMessage() == "repair of waiting workflow steps failed: the repair failed"

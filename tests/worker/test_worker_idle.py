@@ -233,12 +233,11 @@ def test_the_listen_database_connection_gets_the_workers_tcp_hardening(
     assert connections.settings["default"]["OPTIONS"]["tcp_user_timeout"] == 12_000
 
 
-TICK_LINE = re.compile(r"heartbeat tick: (.*)")
-REAP_LINE = re.compile(r"reap pass: (\d+) reaped")
+TICK_LINE = re.compile(r"housekeeping tick: (.*)")
 SAFETY_POLL = "safety poll: no job due (none pending), no claim"
 TICKS = {
     "POLL_INTERVAL": 0.2,
-    # Five beats: a heartbeat thread held up for a second on a loaded machine does not
+    # Five beats: a housekeeping thread held up for a second on a loaded machine does not
     # let the main loop's safety poll come first.
     "IDLE_POLL_INTERVAL": 2,
     "HEARTBEAT_INTERVAL": 0.4,
@@ -249,11 +248,6 @@ TICKS = {
 
 def ticks(worker: WorkerProcess) -> list[str]:
     return TICK_LINE.findall(worker.output)
-
-
-def reap_passes(worker: WorkerProcess) -> list[str]:
-    """How many jobs each of the reaper thread's passes reaped."""
-    return REAP_LINE.findall(worker.output)
 
 
 def worker_backends() -> int:
@@ -267,14 +261,15 @@ def worker_backends() -> int:
     return int(count)
 
 
-def test_an_idle_listening_worker_holds_four_connections_and_commits_once_per_tick(
+def test_an_idle_listening_worker_holds_three_connections_and_commits_once_per_tick(
     workers: Workers,
 ) -> None:
-    """The main thread closes its connection after registering; the heartbeat thread runs,
-    while the worker is idle and listening, the next-due lookup that stands in for the
-    main loop's safety poll, in one transaction with the registry touch (every other
-    beat); the reaper thread runs the reap passes on its own connection. What stays open:
-    the database thread, the heartbeat, the reaper and the listener."""
+    """The main thread closes its connection after registering; the housekeeping thread
+    runs the reap passes and, while the worker is idle and listening, the next-due lookup
+    that stands in for the main loop's safety poll, all in one transaction per tick (the
+    registry row touched every other beat). What stays open: the database thread, the
+    housekeeping thread's and the listener (the heartbeat, which only renews leases,
+    opens none while the worker holds no lease)."""
     require_postgresql()
     worker = workers.start(options=TICKS, args=ARGS, env=FRESH)
     listening_and_idle(worker)
@@ -282,38 +277,39 @@ def test_an_idle_listening_worker_holds_four_connections_and_commits_once_per_ti
     first = len(ticks(worker))
     wait_until(lambda: len(ticks(worker)) >= first + 2, timeout=10, what="two ticks")
     looked = len(idle_waits(worker))
-    seen, reaped = len(ticks(worker)), len(reap_passes(worker))
+    seen = len(ticks(worker))
     wait_until(
         lambda: len(ticks(worker)) >= seen + 10,
         timeout=20,
-        what="ten more heartbeat ticks (4 s: two IDLE_POLL_INTERVALs)",
+        what="ten more housekeeping ticks (4 s: two IDLE_POLL_INTERVALs)",
     )
-    wait_until(lambda: worker_backends() == 4, timeout=10, what="four connections")
+    wait_until(lambda: worker_backends() == 3, timeout=10, what="three connections")
     idle_ticks = ticks(worker)[seen:]
-    # Every idle tick looks up the next due job, in one transaction with the registry
-    # touch when there is one (every other tick).
-    assert all("next-due lookup" in tick for tick in idle_ticks), idle_ticks
+    # Every idle tick reaps and looks up the next due job (same interval), in one
+    # transaction with the registry touch when there is one (every other tick).
+    assert all(
+        "reap pass (0 reaped)" in tick
+        and "next-due lookup" in tick
+        and tick.endswith(" in one transaction")
+        for tick in idle_ticks
+    ), idle_ticks
     touched = [tick for tick in idle_ticks if "registry row" in tick]
-    assert all(tick.endswith(" in one transaction") for tick in touched), idle_ticks
     assert len(idle_ticks) // 2 - 1 <= len(touched) <= len(idle_ticks) // 2 + 1, idle_ticks
     assert not any("renewed" in tick for tick in idle_ticks), idle_ticks
-    # The reaper ran its passes meanwhile (same interval), on its own.
-    passes = reap_passes(worker)[reaped:]
-    assert len(passes) >= len(idle_ticks) - 2 and set(passes) == {"0"}, passes
-    # The heartbeat's lookups stood in for the main loop's safety poll (every 2 s):
+    # The housekeeping thread's lookups stood in for the main loop's safety poll (every 2 s):
     # the main loop did not look for work at all meanwhile.
     assert len(idle_waits(worker)) == looked, idle_waits(worker)[looked:]
     assert SAFETY_POLL not in worker.output
-    assert worker_backends() == 4
+    assert worker_backends() == 3
     worker.terminate()
     assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.output
 
 
-def test_a_job_made_pending_without_notify_starts_at_the_next_heartbeat_tick(
+def test_a_job_made_pending_without_notify_starts_at_the_next_housekeeping_tick(
     workers: Workers, marker_dir: str
 ) -> None:
     """A row changed without a ``NOTIFY`` (by hand, by another program) is found by the
-    next-due lookup of the idle worker's heartbeat tick, long before the 60 s safety
+    next-due lookup of the idle worker's housekeeping tick, long before the 60 s safety
     poll."""
     require_postgresql()
     result = tasks_worker_flow.record_id.enqueue(marker_dir, "by hand")
