@@ -8,17 +8,18 @@ registry row and reap passes (``housekeeping.py``). A lease the database no long
 holds, or whose job an operator cancelled, is posted to the main loop's inbox: the loop
 stops the job, or, when its outcome is being written, stops renewing the lease and lets
 the fenced write decide. A renewal slower than a tenth of the lease is posted too (the
-loop claims less). A worker that holds no lease sends nothing (its thread opens no
-connection until then).
+loop claims less). A worker that holds no lease sends nothing (its connection, opened
+as the thread starts, stays idle).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 
 from .. import leases
 from ..leases import storable_text
@@ -39,6 +40,10 @@ class Heartbeat(WorkerThread):
         super().__init__(ctx, stop, "heartbeat")
 
     def loop(self) -> None:
+        # Connect now, not at the first renewal: under load a connection can take seconds
+        # to open, and the first renewal of a claim's leases must not wait for one.
+        with contextlib.suppress(DatabaseError):  # (else the first renewal connects)
+            connections[self.ctx.database].ensure_connection()
         every = self.ctx.options.heartbeat_interval
         next_beat = time.monotonic() + every
         while not self.stop_event.wait(max(0.0, next_beat - time.monotonic())):
