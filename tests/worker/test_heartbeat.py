@@ -46,7 +46,7 @@ def test_a_beat_of_a_worker_that_holds_no_lease_sends_nothing(worker: Worker) ->
     assert statements.seen == []
 
 
-def test_a_beat_renews_the_leases_held_in_one_statement_and_nothing_else(
+def test_a_beat_renews_the_leases_held_and_does_nothing_else(
     worker: Worker,
 ) -> None:
     tasks.add.enqueue(1, 2)
@@ -59,8 +59,9 @@ def test_a_beat_renews_the_leases_held_in_one_statement_and_nothing_else(
     statements = Statements()
     with connection.execute_wrapper(statements):
         heartbeat.tick()
-    assert len(statements.seen) == 1, statements.seen
-    assert "leasejobs_job" in statements.seen[0]
-    assert "leasejobs_worker" not in statements.seen[0]
+    # One statement (MySQL/MariaDB: lock, update, read), all of them on the job rows.
+    assert len(statements.seen) == (3 if connection.vendor == "mysql" else 1), statements.seen
+    assert all("leasejobs_job" in sql for sql in statements.seen), statements.seen
+    assert not any("leasejobs_worker" in sql for sql in statements.seen), statements.seen
     after = {job.id: Job.objects.get(pk=job.id).heartbeat_at for job in claimed}
     assert all(after[i] != before[i] for i in before), (before, after)

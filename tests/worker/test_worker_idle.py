@@ -261,15 +261,14 @@ def worker_backends() -> int:
     return int(count)
 
 
-def test_an_idle_listening_worker_holds_three_connections_and_commits_once_per_tick(
+def test_an_idle_listening_worker_holds_four_connections_and_commits_once_per_tick(
     workers: Workers,
 ) -> None:
     """The main thread closes its connection after registering; the housekeeping thread
     runs the reap passes and, while the worker is idle and listening, the next-due lookup
     that stands in for the main loop's safety poll, all in one transaction per tick (the
     registry row touched every other beat). What stays open: the database thread, the
-    housekeeping thread's and the listener (the heartbeat, which only renews leases,
-    opens none while the worker holds no lease)."""
+    heartbeat (idle: it only renews leases), the housekeeping thread and the listener."""
     require_postgresql()
     worker = workers.start(options=TICKS, args=ARGS, env=FRESH)
     listening_and_idle(worker)
@@ -283,7 +282,7 @@ def test_an_idle_listening_worker_holds_three_connections_and_commits_once_per_t
         timeout=20,
         what="ten more housekeeping ticks (4 s: two IDLE_POLL_INTERVALs)",
     )
-    wait_until(lambda: worker_backends() == 3, timeout=10, what="three connections")
+    wait_until(lambda: worker_backends() == 4, timeout=10, what="four connections")
     idle_ticks = ticks(worker)[seen:]
     # Every idle tick reaps and looks up the next due job (same interval), in one
     # transaction with the registry touch when there is one (every other tick).
@@ -300,7 +299,7 @@ def test_an_idle_listening_worker_holds_three_connections_and_commits_once_per_t
     # the main loop did not look for work at all meanwhile.
     assert len(idle_waits(worker)) == looked, idle_waits(worker)[looked:]
     assert SAFETY_POLL not in worker.output
-    assert worker_backends() == 3
+    assert worker_backends() == 4
     worker.terminate()
     assert worker.wait(timeout=EXIT_TIMEOUT) == 0, worker.output
 
