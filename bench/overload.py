@@ -705,7 +705,7 @@ class Postgres(Target):
         super().__init__(args)
         import pgserver
 
-        # Each busy worker: its database and claim threads, heartbeat, reaper, listener,
+        # Each busy worker: its database and claim threads, heartbeat, housekeeping, listener,
         # and a slot's own in the process pool when a job touches the database; the
         # load; the bench.
         connections = args.workers * (5 + args.concurrency) + args.db_load + 30

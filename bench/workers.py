@@ -712,7 +712,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     most = max(args.workers)
-    # Each busy worker: its database and claim threads, heartbeat, reaper, listener (+ a
+    # Each busy worker: its database and claim threads, heartbeat, housekeeping, listener (+ a
     # slot's own in the process pool, + one per thread slot that touches the database).
     server = _pg_binaries_server(
         most * (5 + args.concurrency) + 30,

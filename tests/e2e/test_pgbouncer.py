@@ -256,7 +256,7 @@ def test_recovery_after_sigkill_reaper_status_and_admin_through_the_pooler(
     run_manage: RunManage,
     marker_dir: str,
 ) -> None:
-    options = {"LISTEN_DATABASE": DIRECT_ALIAS, "STALE_LOCK_INTERVAL": 0}  # no reaper thread
+    options = {"LISTEN_DATABASE": DIRECT_ALIAS, "STALE_LOCK_INTERVAL": 0}  # no reap pass
     first = pooled_workers.start(options=options, args=["--concurrency", "1"])
     result = tasks_worker_flow.wait_for_gate.enqueue(marker_dir, "gate")
     wait_until(lambda: read_lines(marker_dir, "gate.started"), what="attempt 1 to start")

@@ -511,7 +511,7 @@ class Commits:
 def test_a_reap_pass_is_one_commit_where_no_deadlock_victim_is_retried(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """An idle worker's reaper thread runs a pass every ``STALE_LOCK_INTERVAL``: the reap
+    """An idle worker's housekeeping thread runs a pass every ``STALE_LOCK_INTERVAL``: the reap
     and the repair of waiting workflow steps in one transaction (MySQL/MariaDB: two, so
     that a deadlock victim can be run again)."""
     job = running_job()
