@@ -35,6 +35,18 @@ logger = logging.getLogger("django_leasejobs")
 Lease = tuple[int, int]
 
 
+def send_heartbeat_sent(ctx: ThreadContext, started: float, error: DatabaseError | None) -> None:
+    """``heartbeat_sent``: a renewal (the heartbeat's), or while the worker holds no lease
+    an update of its registry row (the housekeeping thread's), that began at ``started``."""
+    heartbeat_sent.send_robust(
+        type(ctx.backend),
+        backend=ctx.backend.alias,
+        worker_id=ctx.worker_id,
+        duration=time.monotonic() - started,
+        error=error,
+    )
+
+
 class Heartbeat(WorkerThread):
     def __init__(self, ctx: ThreadContext, stop: threading.Event) -> None:
         super().__init__(ctx, stop, "heartbeat")
@@ -64,11 +76,11 @@ class Heartbeat(WorkerThread):
             # A failed renewal breaks the series: the gap an outage leaves is a fault's,
             # not a lag to stretch the leases for.
             ctx.lease_length.idle()
-            self._sent(started, exc)
+            send_heartbeat_sent(ctx, started, exc)
             return
         if not renewed:
             return
-        self._sent(started, None)
+        send_heartbeat_sent(ctx, started, None)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "heartbeat tick: renewed %d leases",
@@ -149,15 +161,6 @@ class Heartbeat(WorkerThread):
                 stretch.seconds,
                 extra=extra,
             )
-
-    def _sent(self, started: float, error: DatabaseError | None) -> None:
-        heartbeat_sent.send_robust(
-            type(self.ctx.backend),
-            backend=self.ctx.backend.alias,
-            worker_id=self.ctx.worker_id,
-            duration=time.monotonic() - started,
-            error=error,
-        )
 
     def _renew(
         self, wanted: dict[Lease, leases.Progress | None], seconds: float

@@ -27,7 +27,7 @@ from django.db import DatabaseError, transaction
 
 from .. import leases
 from ..reaper import announce_reaped
-from ..signals import heartbeat_sent
+from .heartbeat import send_heartbeat_sent
 from .inbox import NextDue
 from .shared import WorkerStatus
 from .threads import ThreadContext, WorkerThread, next_tick
@@ -91,18 +91,19 @@ class Housekeeping(WorkerThread):
                         )
                     )
         except DatabaseError as exc:
+            due_now = [("registry row", touch), ("background reap", reap), ("next-due", look)]
             logger.warning(
                 "%s failed: %s",
-                "registry row" if touch else "background reap" if reap else "next-due lookup",
+                " + ".join(what for what, due_then in due_now if due_then),
                 exc,
                 extra={"worker": ctx.worker_id, "error": str(exc)},
             )
             self._reset_connection()
             if touch and not holds:
-                self._sent(started, exc)
+                send_heartbeat_sent(ctx, started, exc)
             return
         if touch and not holds:  # (a worker that holds leases: the heartbeat's renewals)
-            self._sent(started, None)
+            send_heartbeat_sent(ctx, started, None)
         if due is not None:
             ctx.inbox.post(due)
         if logger.isEnabledFor(logging.DEBUG):
@@ -143,12 +144,3 @@ class Housekeeping(WorkerThread):
         )
         self._reap_took = time.monotonic() - started
         return reaped
-
-    def _sent(self, started: float, error: DatabaseError | None) -> None:
-        heartbeat_sent.send_robust(
-            type(self.ctx.backend),
-            backend=self.ctx.backend.alias,
-            worker_id=self.ctx.worker_id,
-            duration=time.monotonic() - started,
-            error=error,
-        )
