@@ -288,7 +288,13 @@ def test_a_dead_childs_outcomes_beyond_one_read_all_count(
     outcomes = {e.lease: e for e in events if isinstance(e, Outcome)}
     assert sorted(outcomes) == [(i, 1) for i in range(1, 7)]
     assert all(o.ok and o.result == "x" * 1_000 for o in outcomes.values())
-    assert [e.lease for e in events if isinstance(e, SlotDied)] == [(7, 1)]
+    # The death comes with that look, or with a later one (CI saw the pid gone a moment
+    # before the child's sentinel was ready, on a loaded machine); it names job 7 alone.
+    died = [e.lease for e in events if isinstance(e, SlotDied)] or wait_until(
+        lambda: [e.lease for e in process_pool.collect() if isinstance(e, SlotDied)],
+        what="the slot's death",
+    )
+    assert died == [(7, 1)]
 
 
 def test_a_slow_replacement_slot_does_not_stall_the_worker(
