@@ -66,9 +66,9 @@ class Stretch:
 
 class LeaseLength:
     """The lease the worker asks for now: the heartbeat thread notes its renewals
-    (``renewed``, ``idle``), the main loop its claims (``claim_came_back``), each in its
-    own memory; both read ``seconds`` (the main loop for its claims and its registry row's
-    ``problem``)."""
+    (``renewed``, ``idle``), the main loop its round trips: its claims and its
+    registration at start (``trip_came_back``), each in its own memory; both read
+    ``seconds`` (the main loop for its claims and its registry row's ``problem``)."""
 
     def __init__(self, lease_duration: float, heartbeat_interval: float) -> None:
         self.base = lease_duration
@@ -127,13 +127,14 @@ class LeaseLength:
         self._reported = Stretch(seconds, max(self._renewal_worst, self._trip_worst))
         return self._reported
 
-    def claim_came_back(self, sent: float, taken: float, asked: float) -> None:
-        """A claim of the main loop sent at ``sent``, asking for ``asked`` seconds, whose
-        jobs the loop took at ``taken`` (monotonic); also the worker's registration at
-        start, before its first claim. A claimed job's lease runs from the send, and its
-        first renewal comes a beat after the loop took it at the latest: a claim that
-        took long asks the next claims (and renewals) to cover that. One answered after
-        its lease ran out is a fault and stretches nothing."""
+    def trip_came_back(self, sent: float, taken: float, asked: float) -> None:
+        """A round trip of the main loop: a claim sent at ``sent``, asking for ``asked``
+        seconds, whose jobs the loop took at ``taken`` (monotonic), or the worker's
+        registration at start, before its first claim (what the first claims may take).
+        A claimed job's lease runs from the send, and its first renewal comes a beat
+        after the loop took it at the latest: a claim that took long asks the next claims
+        (and renewals) to cover that. One answered after its lease ran out is a fault and
+        stretches nothing."""
         took = taken - sent
         if took < asked:
             self._trips.append(max(0.0, took))

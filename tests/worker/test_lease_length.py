@@ -122,9 +122,9 @@ def test_a_claim_that_took_long_stretches_the_lease_the_next_claims_ask_for() ->
     loop 1.5 s after it was sent asks the next ones to cover that, the heartbeat's
     renewals too (reported with the next renewal)."""
     length = LeaseLength(LEASE, BEAT)
-    length.claim_came_back(100.0, 100.2, LEASE)
+    length.trip_came_back(100.0, 100.2, LEASE)
     assert length.seconds == LEASE  # 2 + 3 * 0.2 = 2.6 s: the 4 s lease covers it
-    length.claim_came_back(101.0, 102.5, LEASE)
+    length.trip_came_back(101.0, 102.5, LEASE)
     assert length.seconds == 7.0  # 2 + 3 * 1.5 = 6.5 s, in quarters of 4 s
     assert length.problem() == (
         "claims came back up to 1.50s late: leases stretched to 7s (LEASE_DURATION 4s)"
@@ -142,28 +142,28 @@ def test_quick_claims_never_push_a_late_renewal_out_of_mind() -> None:
     _series(length, [0.05])
     length.renewed(101.0, 102.4, length.seconds)  # 1.4 s late: 7 s
     for n in range(MEMORY * 2):
-        length.claim_came_back(104.0 + n / 100, 104.01 + n / 100, length.seconds)
+        length.trip_came_back(104.0 + n / 100, 104.01 + n / 100, length.seconds)
     assert length.seconds == 7.0
     # ... and quick renewals leave the lease a slow claim asked for.
     length = LeaseLength(LEASE, BEAT)
-    length.claim_came_back(100.0, 101.5, LEASE)
+    length.trip_came_back(100.0, 101.5, LEASE)
     _series(length, [0.05] * (MEMORY * 2), start=102.0)
     assert length.seconds == 7.0
 
 
 def test_a_claim_answered_after_its_lease_ran_out_stretches_nothing() -> None:
     length = LeaseLength(LEASE, BEAT)
-    length.claim_came_back(100.0, 100.0 + LEASE + 0.5, LEASE)  # frozen or cut off: a fault
+    length.trip_came_back(100.0, 100.0 + LEASE + 0.5, LEASE)  # frozen or cut off: a fault
     assert length.seconds == LEASE
 
 
 def test_the_claims_memory_forgets_a_slow_claim_after_memory_quick_ones() -> None:
     length = LeaseLength(LEASE, BEAT)
-    length.claim_came_back(100.0, 101.5, LEASE)
+    length.trip_came_back(100.0, 101.5, LEASE)
     for n in range(MEMORY - 1):
-        length.claim_came_back(102.0 + n, 102.05 + n, length.seconds)
+        length.trip_came_back(102.0 + n, 102.05 + n, length.seconds)
     assert length.seconds == 7.0
-    length.claim_came_back(200.0, 200.05, length.seconds)
+    length.trip_came_back(200.0, 200.05, length.seconds)
     assert length.seconds == LEASE
 
 
