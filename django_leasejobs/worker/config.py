@@ -28,8 +28,9 @@ class WorkerConfig:
     worker_id: str | None = None
     shutdown_timeout: float = 30.0
     prefetch: int | None = None
-    """At most this many jobs claimed beyond the free slots while jobs are short;
-    None = 64 per slot, at most 512; 0 turns prefetching off."""
+    """At most this many jobs claimed beyond the free slots while jobs are short (twice
+    that during a drain: ``driver.MAX_IN_FLIGHT``); None = 64 per slot, at most 512; 0
+    turns prefetching off."""
     scheduler: bool | None = None
     """Run the scheduler thread; None = unless ``burst`` (only when there are schedules)."""
     async_concurrency: int | None = None

@@ -41,7 +41,7 @@ PIPELINE_DEPTH = 64
 """Jobs a slot holds at most (the one it runs and those queued behind it)."""
 
 SLOW_ROUND_SHARE = 0.1
-"""A database round (from the hand-over to the database thread until the main loop reads
+"""A database round (from when the database thread began it until the main loop reads
 its result) or a renewal that takes longer than this share of ``LEASE_DURATION`` makes
 the worker claim for its free slots only, without prefetching, for one
 ``LEASE_DURATION`` after the last slow one: under overload it holds no more leases than
@@ -82,10 +82,16 @@ class Dispatcher:
         per_slot = int(PREFETCH_WORK_SECONDS / max(mean, 1e-4))
         return min(self.prefetch, int(self.prefetch_limit), per_slot * self.concurrency)
 
-    def claim_limit(self, *, free_slots: int, waiting: int, jobs_left: int | None) -> int:
+    def claim_limit(
+        self, *, free_slots: int, waiting: int, jobs_left: int | None, ahead: bool = False
+    ) -> int:
         """How many jobs to claim now: the free slots and the prefetch, less the jobs
-        waiting for a slot already, and no more than ``--max-jobs`` leaves."""
-        limit = free_slots + self.prefetch_now() - waiting
+        waiting for a slot already or claimed by a round in flight (``waiting``), and no
+        more than ``--max-jobs`` leaves. ``ahead``: a round that waits in the database
+        thread behind another may hold a second prefetch (the jobs of the round before
+        it run while it claims)."""
+        prefetch = self.prefetch_now()
+        limit = free_slots + prefetch * (2 if ahead else 1) - waiting
         if jobs_left is not None:
             limit = min(limit, jobs_left)
         return max(limit, 0)

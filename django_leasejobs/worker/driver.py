@@ -3,10 +3,15 @@
 
 The main loop never waits on the database. It plans a round (``Recorder.plan``) and the
 driver runs it in the database thread (``rounds.run_round``), then hands the result
-back. The driver also keeps the rhythm of claims: when the next claim is due (at once
-after a NOTIFY, a full batch or a freed slot; after ``POLL_INTERVAL``, or for a
-listening idle worker ``IDLE_POLL_INTERVAL`` or when its next delayed job comes due),
-and the pause after a failed round. Everything it holds is the main loop's: the
+back. During a drain (the last claim came back full) the next round is handed over
+while one runs: it waits in the thread and starts the moment the first ends, claiming
+ahead of the slots by a second prefetch (``MAX_IN_FLIGHT``), so that the thread does
+not idle while the main loop records one round's outcomes and hands its jobs over.
+
+The driver also keeps the rhythm of claims: when the next claim is due (at once after a
+NOTIFY, a full batch or a freed slot; after ``POLL_INTERVAL``, or for a listening idle
+worker ``IDLE_POLL_INTERVAL`` or when its next delayed job comes due), and the pause
+after a failed round. Everything it holds is the main loop's: the
 database thread returns values, never writes here.
 """
 
@@ -16,8 +21,10 @@ import contextlib
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 from django.db import DatabaseError, connections
 
@@ -38,9 +45,24 @@ round. A round whose claim comes back empty (the queues ran dry) writes them at 
 and so does the worker as it stops; a worker killed meanwhile loses at most this long
 of counts, never an outcome (docs/monitoring.md, "The loss window")."""
 
+MAX_IN_FLIGHT = 2
+"""Rounds handed to the database thread at once: while one runs, the next waits there,
+so that the thread starts it the moment the first ends instead of idling while the main
+loop takes the first one's result (``RoundDriver.may_start_ahead``)."""
+
 DUE_MARGIN = 0.02
 """An idle worker waiting for a delayed job to come due claims this long after its
 ``run_after`` (seconds), so that the claim does not come a hair too early."""
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A round handed to the database thread, not taken back yet."""
+
+    plan: RoundPlan
+    future: Future[RoundResult]
+    started: float
+    """When (monotonic) the main loop handed it over."""
 
 
 class RoundDriver:
@@ -67,13 +89,16 @@ class RoundDriver:
         self._beside: ThreadPoolExecutor | None = None
         """The second database thread: a round's claim beside its writes (PostgreSQL,
         ``rounds.run_round``). Its thread and connection start with the first such round."""
-        self._round: tuple[RoundPlan, Future[RoundResult], float] | None = None
+        self._rounds: deque[InFlight] = deque()
+        """Rounds in flight, oldest first (at most ``MAX_IN_FLIGHT``)."""
         self.failures = 0
         """Rounds failed in a row (connection-level errors)."""
         self._retry_at = 0.0
         self.next_poll = 0.0
         self.claim_wanted = True
         self.last_claimed: int | None = None
+        self._last_full = False
+        """The last claim taken brought as many jobs as it asked for."""
         self._flow_held_until = 0.0
         """Until then (monotonic), claims take jobs that obey no limit first, and make a
         flow claim only for the slots those leave: the last flow claim found due jobs
@@ -98,9 +123,9 @@ class RoundDriver:
             )
 
     def close(self) -> None:
-        if self._round is not None:
+        while self._rounds:
             with contextlib.suppress(Exception):
-                self.take()  # (its rollup counts are the last ones)
+                self.take()  # (their rollup counts are the last ones)
         if self._executor is not None:
             unsent, self._unsent = self._unsent, None
             if unsent is not None:
@@ -112,12 +137,26 @@ class RoundDriver:
             self._beside.shutdown(wait=True)
 
     @property
-    def in_flight(self) -> bool:
-        return self._round is not None
+    def in_flight(self) -> int:
+        """Rounds handed to the database thread and not taken back."""
+        return len(self._rounds)
+
+    @property
+    def claiming(self) -> int:
+        """Jobs the rounds in flight may still bring (their claim limits)."""
+        return sum(r.plan.claim_limit for r in self._rounds)
 
     def may_start(self, now: float) -> bool:
         """No round is running and no failed round's pause is on."""
-        return self._round is None and not (self.failures and now < self._retry_at)
+        return not self._rounds and not (self.failures and now < self._retry_at)
+
+    def may_start_ahead(self) -> bool:
+        """A round is running whose claim the worker expects to come back full (the last
+        one did: a drain), and no failure is on: the next round may wait in the database
+        thread behind it, claiming ahead (``MAX_IN_FLIGHT``)."""
+        if not 0 < len(self._rounds) < MAX_IN_FLIGHT or self.failures:
+            return False
+        return bool(self._rounds[-1].plan.claim_limit) and self._last_full
 
     def claim_due(self, now: float) -> bool:
         return self.claim_wanted or now >= self.next_poll
@@ -127,8 +166,10 @@ class RoundDriver:
         assert self._executor is not None  # noqa: S101 - opened by the loop
         now = time.monotonic()
         if plan.claim_limit:
-            # No NOTIFY, no full batch: only the timer brought this claim.
-            plan.look_first = listening and not (plan.writes or self.claim_wanted or burst)
+            # No NOTIFY, no full batch, no drain: only the timer brought this claim.
+            plan.look_first = listening and not (
+                plan.writes or self.claim_wanted or burst or self._rounds
+            )
             self.claim_wanted = False
         plan.rollup_carry, self._unsent = self._unsent, None
         since = self._unsent_since
@@ -145,22 +186,30 @@ class RoundDriver:
         )
         future = self._executor.submit(self._run, plan, ctx, listening)
         future.add_done_callback(lambda _: self._wake())  # runs once done() is true
-        self._round = (plan, future, now)
+        self._rounds.append(InFlight(plan, future, now))
 
     def done(self) -> bool:
-        return self._round is not None and self._round[1].done()
+        """The oldest round in flight has ended."""
+        return bool(self._rounds) and self._rounds[0].future.done()
 
     def take(self) -> tuple[RoundPlan, RoundResult, float]:
-        """The finished round: its plan, its result and how long it took (until now)."""
-        assert self._round is not None  # noqa: S101 - only called when done()
-        plan, future, started = self._round
-        self._round = None
-        result = future.result(timeout=self.options.lease_duration)
-        self._unsent = result.rollup_unsent
-        if self._unsent is None:
+        """The oldest round, ended: its plan, its result and how long it took (from when
+        the database thread began it until now)."""
+        round_ = self._rounds.popleft()
+        plan, started = round_.plan, round_.started
+        result = round_.future.result(timeout=self.options.lease_duration)
+        unsent = result.rollup_unsent
+        if unsent is not None:
+            # (A round that waited behind another started without the counts that one
+            # kept: they meet here.)
+            if self._unsent is None:
+                self._unsent = unsent
+            else:
+                self._unsent.merge(unsent)
+            if self._unsent_since is None:
+                self._unsent_since = started
+        elif self._unsent is None:
             self._unsent_since = None
-        elif self._unsent_since is None:
-            self._unsent_since = started
         if result.flow_held:
             self._flow_held_until = time.monotonic() + self.options.poll_interval
         self._next_due = result.next_due
@@ -179,10 +228,18 @@ class RoundDriver:
                 error,
                 extra={"worker": self.worker_id, "error": error},
             )
-        return plan, result, time.monotonic() - started
+        return plan, result, time.monotonic() - max(started, result.began)
 
     def _run(self, plan: RoundPlan, ctx: RoundContext, listening: bool) -> RoundResult:
-        """One round, in the database thread; then what the idle wait needs.
+        """One round, in the database thread, noting when it began there (it may have
+        waited behind another)."""
+        began = time.monotonic()
+        result = self._run_and_look(plan, ctx, listening)
+        result.began = began
+        return result
+
+    def _run_and_look(self, plan: RoundPlan, ctx: RoundContext, listening: bool) -> RoundResult:
+        """One round; then what the idle wait needs.
 
         Jobs this round gave back (prefetched jobs, or released at shutdown) get a
         NOTIFY, so idle workers that wait on one take them at once. After an empty
@@ -280,6 +337,7 @@ class RoundDriver:
         """Note a claim's size; after an empty one, return how long the worker now waits
         before it looks for work again (unless woken), else None."""
         self.last_claimed = count
+        self._last_full = count >= limit
         if count >= limit:
             self.claim_wanted = True  # a full batch: there may be more ready jobs now
         elif not count:
@@ -308,7 +366,7 @@ class RoundDriver:
         """Act on the heartbeat's next-due lookup: claim now if a job is due, else wait
         for the next one to come due, or ``IDLE_POLL_INTERVAL`` from now. Only while idle
         and listening: a busy loop claims (and looks) for itself."""
-        if not listening or not idle or self._round is not None:
+        if not listening or not idle or self._rounds:
             return
         if self.claim_wanted or self.failures:
             return
@@ -320,7 +378,7 @@ class RoundDriver:
 
     def wait_timeout(self, now: float) -> float:
         """How long the loop may sleep as far as rounds go."""
-        if self._round is not None:
+        if self._rounds:
             return self.options.poll_interval  # the database thread wakes us when done
         if self.failures:
             return max(0.0, self._retry_at - now)

@@ -8,8 +8,9 @@ Threads of one worker process:
   sleeps until a slot reports, its inbox has a message, or a timer is due. It is the
   only code that changes job state;
 * database thread (``driver.py``, ``rounds.py``): the main loop's claims and outcome
-  writes, one round at a time; it returns results, never changes the loop's objects.
-  On PostgreSQL a second one runs a round's claim beside its writes;
+  writes, one round at a time (during a drain the next round already waits there,
+  claiming ahead); it returns results, never changes the loop's objects. On
+  PostgreSQL a second one runs a round's claim beside its writes;
 * heartbeat (``heartbeat.py``): renews every lease in one UPDATE, on its own
   connection, and does nothing else;
 * housekeeping (``housekeeping.py``): the registry row, the reap pass every
@@ -202,7 +203,7 @@ class Worker:
             sent = time.monotonic()
             self.registration.register()
             # How long that took is how long the first claims may take (lease_length.py).
-            self.lease_length.claim_came_back(sent, time.monotonic(), self.options.lease_duration)
+            self.lease_length.trip_came_back(sent, time.monotonic(), self.options.lease_duration)
             # The main thread needs no connection until it deregisters: close the one it
             # registered with rather than hold it for the worker's life.
             connections[self.database].close()
@@ -261,7 +262,8 @@ class Worker:
     # ------------------------------------------------------------------ main loop
 
     def _main_loop(self) -> None:
-        """Feed slots, collect outcomes, and keep one database round going at a time.
+        """Feed slots, collect outcomes, and keep database rounds going (one at a time, or
+        during a drain a second one waiting behind it).
 
         The loop itself never waits on the database: rounds (write the queued outcomes,
         then claim) run in the worker's database thread, and the loop keeps handing
@@ -285,10 +287,8 @@ class Worker:
                 self.handover.give_back_stale()
                 if self.rounds.done():
                     self._finish_round()
-                if self.rounds.may_start(time.monotonic()):
-                    self._start_round()
-                    if self.rounds.in_flight:
-                        continue  # (it may already be done: look again before waiting)
+                if self._start_round():
+                    continue  # (it may already be done: look again before waiting)
                 idle = not self.rounds.in_flight and not self.recorder.writes
                 if self.shutdown.stopping:
                     if self.shutdown.jobs_must_stop():
@@ -354,34 +354,55 @@ class Worker:
 
     # ------------------------------------------------------------------ rounds
 
-    def _start_round(self) -> None:
-        """Hand the queued outcomes and a claim to the database thread, if there is work."""
+    def _start_round(self) -> bool:
+        """Hand the queued outcomes and a claim to the database thread, if there is work;
+        or, while a drain's claim is in flight, a round that claims ahead behind it
+        (``driver.MAX_IN_FLIGHT``). True when a round started."""
         now = time.monotonic()
-        limit = self._claim_limit()
-        claim_due = self.rounds.claim_due(now)
-        if not self.recorder.writes and not (limit and claim_due):
-            return
-        plan = self.recorder.plan(limit if claim_due else 0)
+        if self.rounds.may_start(now):
+            limit = self._claim_limit()
+            claim_due = self.rounds.claim_due(now)
+            if not self.recorder.writes and not (limit and claim_due):
+                return False
+            plan = self.recorder.plan(limit if claim_due else 0)
+        elif self.rounds.may_start_ahead():
+            # Claiming ahead is prefetching (none while rounds are slow, nor for long
+            # jobs), and only a full-size claim is worth a round of its own.
+            least = self.dispatcher.prefetch_now() // 2
+            limit = self._claim_limit(ahead=True)
+            if not least or limit < least:
+                return False
+            plan = self.recorder.plan(limit)
+        else:
+            return False
         if self.recorder.writes:
             # Outcomes wait beyond this round (a backlog, or rows to write again): hold
             # no leases beyond the free slots until they are written.
             plan.claim_limit = min(plan.claim_limit, self.pool.free_slots())
         if not plan.writes and not plan.claim_limit:
-            return
+            return False
         self.rounds.start(plan, listening=self.listening, burst=self.config.burst)
+        return True
 
-    def _claim_limit(self) -> int:
+    def _claim_limit(self, *, ahead: bool = False) -> int:
         if self.shutdown.stopping:
             return 0
         max_jobs = self.config.max_jobs
-        jobs_left = None if max_jobs is None else max_jobs - self.book.finished - len(self.book)
+        jobs_left = (
+            None
+            if max_jobs is None
+            else max_jobs - self.book.finished - len(self.book) - self.rounds.claiming
+        )
         free_slots = self.pool.free_slots()
         if self.dispatcher.loop_share:
             # Room on the slots' event loops, as far as the last claim was async jobs.
             extra = self.pool.loop_room() - free_slots
             free_slots += int(self.dispatcher.loop_share * max(0, extra))
         return self.dispatcher.claim_limit(
-            free_slots=free_slots, waiting=len(self.book.ready), jobs_left=jobs_left
+            free_slots=free_slots,
+            waiting=len(self.book.ready) + self.rounds.claiming,
+            jobs_left=jobs_left,
+            ahead=ahead,
         )
 
     def _finish_round(self) -> None:
@@ -398,7 +419,7 @@ class Worker:
             self.rounds.claim_wanted = True
         if result.claimed is not None:
             claimed = result.claimed
-            self.lease_length.claim_came_back(
+            self.lease_length.trip_came_back(
                 result.claim_sent, time.monotonic(), result.claim_lease
             )
             self.reporter.claimed(len(claimed), plan.claim_limit)

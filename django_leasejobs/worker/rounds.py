@@ -4,7 +4,8 @@ The worker's main loop never waits on the database. It plans a round (the queued
 outcomes, how many jobs to claim) and hands it to the worker's database thread,
 which runs :func:`run_round` while the main loop keeps feeding slots from the
 prefetched jobs and collecting their outcomes for the next round. One round runs
-at a time, so outcomes are written in batches: every success of a round in one
+at a time (during a drain the next one waits in the thread behind it: ``driver.py``),
+so outcomes are written in batches: every success of a round in one
 fenced UPDATE, every failure in one fenced UPDATE plus one INSERT of attempt rows.
 
 Bulkheads: a batch the database refuses for a reason other than the connection (a
@@ -144,6 +145,8 @@ class RoundResult:
     """After an empty claim of a listening worker: seconds until its next pending job
     comes due (None: none pending, or not looked up)."""
     error: Exception | None = None
+    began: float = 0.0
+    """When (monotonic) the database thread began the round."""
     rollup_unsent: leases.Tally | None = None
     """Rollup counts not written by this round (kept, or a failed write): a later round
     writes them."""

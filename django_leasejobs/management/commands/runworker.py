@@ -128,7 +128,8 @@ class Command(BaseCommand):
             type=non_negative_int,
             default=None,
             help="At most this many jobs claimed ahead of free slots while jobs are short "
-            "(about 20 ms of work per slot; jobs of 20 ms or more are never prefetched). "
+            "(about 20 ms of work per slot; jobs of 20 ms or more are never prefetched), "
+            "twice that during a drain (a round queued behind another claims ahead). "
             "Default: 64 per slot, at most 512; 0 turns prefetching off.",
         )
         parser.add_argument(
