@@ -1,14 +1,16 @@
-"""One reaper pass: ``leases.reap`` plus its signals and its log line.
+"""One reaper pass: ``leases.reap`` plus its signals and its log lines.
 
 Used by ``manage.py reap_stale_locks``; every worker's housekeeping thread runs
-``leases.reap`` itself (sometimes in one transaction with its registry touch) and then
-``announce_reaped``.
+``leases.reap`` itself (sometimes in one transaction with its registry touch), logs a
+failed repair with ``announce_repair_failed``, and then calls ``announce_reaped``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+
+from django.db import DatabaseError
 
 from . import leases
 from .backend import LeaseJobsBackend  # the documented sender of signals
@@ -26,15 +28,24 @@ def reap_once(
     rollups: bool = True,
 ) -> list[leases.ReapedJob]:
     """Run the reap statement once (``rollups``: counting what it reaped in the rollup
-    table); log and signal what it recovered."""
+    table); log and signal what it recovered, and log a failed repair of waiting steps."""
     started = time.monotonic()
-    reaped = leases.reap(
-        stale_lock_age=stale_lock_age, backend=backend, using=using, rollups=rollups
-    )
+    done = leases.reap(stale_lock_age=stale_lock_age, backend=backend, using=using, rollups=rollups)
+    if done.repair_error is not None:
+        announce_repair_failed(done.repair_error, backend=backend, reaper=reaper)
     announce_reaped(
-        reaped, backend=backend, using=using, reaper=reaper, duration=time.monotonic() - started
+        done.jobs, backend=backend, using=using, reaper=reaper, duration=time.monotonic() - started
     )
-    return reaped
+    return done.jobs
+
+
+def announce_repair_failed(error: DatabaseError, *, backend: str | None, reaper: str) -> None:
+    """Log that a reap pass's repair of waiting workflow steps failed (the reap stands)."""
+    logger.warning(
+        "repair of waiting workflow steps failed: %s",
+        error,
+        extra={"backend": backend, "error": str(error), "reaper": reaper},
+    )
 
 
 def announce_reaped(

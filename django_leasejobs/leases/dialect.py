@@ -53,6 +53,12 @@ class Dialect:
     """UPDATE ... FROM (VALUES ...) ... RETURNING (else the portable path)."""
     row_locks: bool
     """SELECT ... FOR UPDATE SKIP LOCKED (SQLite serialises writers instead)."""
+    deadlock_victims: bool
+    """The database picks deadlock victims among the protocol's own writes and rolls the
+    victim's whole transaction back (MySQL/MariaDB: InnoDB can deadlock two single-row
+    writes through a secondary index, where PostgreSQL's row locks and SQLite's one
+    writer cannot): the victim's transaction is run again (:func:`retry_deadlocks`), so
+    it holds only what may be run again."""
 
     def offset(self, seconds: float) -> Any:
         """The parameter of :attr:`now_plus` for ``seconds``."""
@@ -324,6 +330,7 @@ def _dialect(using: str) -> Dialect:
             now_plus="(statement_timestamp() + make_interval(secs => %s))",
             batched=True,
             row_locks=True,
+            deadlock_victims=False,
         )
     elif vendor == "sqlite":
         # Six fractional digits, as Django stores datetimes on SQLite: text comparisons
@@ -335,6 +342,7 @@ def _dialect(using: str) -> Dialect:
             now_plus="(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000')",
             batched=True,
             row_locks=False,
+            deadlock_victims=False,
         )
     elif vendor == "mysql":
         # UTC whatever the session's time_zone (Django stores UTC in DATETIME columns).
@@ -345,6 +353,7 @@ def _dialect(using: str) -> Dialect:
             now_plus=f"({MYSQL_UTC_NOW} + INTERVAL %s MICROSECOND)",
             batched=False,
             row_locks=bool(connection.features.has_select_for_update_skip_locked),
+            deadlock_victims=True,
         )
     else:
         raise NotImplementedError(f"django-leasejobs does not support the {vendor!r} database")
@@ -358,7 +367,8 @@ DEADLOCK_RETRIES = 5
 
 def retry_deadlocks(using: str, work: Callable[[], T]) -> T:
     """Run ``work`` (a whole transaction, or one statement in autocommit) and run it again
-    when MySQL/MariaDB picks it as a deadlock victim.
+    when the database picks it as a deadlock victim (:attr:`Dialect.deadlock_victims`:
+    MySQL/MariaDB).
 
     InnoDB can deadlock two single-row writes through a secondary index (a reaper's
     scan of running rows and a completion of one of them), where PostgreSQL's row locks
@@ -370,12 +380,11 @@ def retry_deadlocks(using: str, work: Callable[[], T]) -> T:
         try:
             return work()
         except OperationalError as exc:
-            connection = connections[using]
             if (
-                connection.vendor != "mysql"
+                not dialect(using).deadlock_victims
                 or not exc.args
                 or exc.args[0] != MYSQL_DEADLOCK
-                or connection.in_atomic_block
+                or connections[using].in_atomic_block
                 or attempt == DEADLOCK_RETRIES - 1
             ):
                 raise

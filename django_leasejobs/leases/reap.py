@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -17,11 +16,9 @@ from .fenced import lock_update_read
 from .finish import FINAL_STATUSES, insert_attempts
 from .rollups import ENDING_COUNTERS, RollupKey, Tally, add_tally, minute_of
 from .rules import REAP_ERROR_CLASS, REAP_ERROR_MESSAGE, reaped_is_final, reaped_status
-from .values import ErrorInfo, Failure, ReapedJob
+from .values import ErrorInfo, Failure, ReapedJob, ReapPass
 
 REAP_ERROR = ErrorInfo(REAP_ERROR_CLASS, REAP_ERROR_MESSAGE)
-
-logger = logging.getLogger("django_leasejobs")
 
 _RETURNING = (
     "id",
@@ -62,7 +59,7 @@ def reap(
     backend: str | None = None,
     using: str = "default",
     rollups: bool = True,
-) -> list[ReapedJob]:
+) -> ReapPass:
     """Recover every running job whose lease expired ``stale_lock_age`` seconds ago or more.
 
     Set-based and safe to run concurrently (two reapers reap a job once): the
@@ -81,6 +78,10 @@ def reap(
 
     ``rollups``: count the reaped attempts in the rollup table (``failed``, ``dead``, or
     ``retried`` for a job put back), in the same transaction.
+
+    After the reap it repairs waiting workflow steps (:func:`repair_waiting`). Returns the
+    reaped jobs and, where a failed repair leaves the reap standing (every database but
+    MySQL/MariaDB, where it raises), the repair's error, for the caller to log.
     """
     d = dialect(using)
     where, where_params = _stale_where(d, stale_lock_age, backend)
@@ -140,30 +141,23 @@ def reap(
                 add_tally(_reap_tally(reaped, database_now(using)), using=using)
         return sorted(reaped, key=lambda job: job.id)
 
-    if d.vendor == "mysql":
+    if d.deadlock_victims:
         # InnoDB may pick either as a deadlock victim: each is a whole transaction of its
         # own, run again if so.
         reaped = retry_deadlocks(d.using, reap_rows)
         retry_deadlocks(d.using, lambda: repair_waiting(d, backend=backend))
-        return reaped
+        return ReapPass(reaped)
     # Elsewhere one transaction (an idle worker's pass is one commit); the repair in a
-    # savepoint of it, so that a repair that fails leaves the reap standing.
+    # savepoint of it (repair_waiting's atomic), so that a repair that fails leaves the
+    # reap standing.
+    repair_error: DatabaseError | None = None
     with transaction.atomic(using=using):
         reaped = reap_rows()
-        _repair_waiting(d, backend)
-    return reaped
-
-
-def _repair_waiting(d: Dialect, backend: str | None) -> None:
-    """Waiting workflow steps left behind by a write that did not settle them."""
-    try:
-        repair_waiting(d, backend=backend)
-    except DatabaseError as exc:
-        logger.warning(
-            "repair of waiting workflow steps failed: %s",
-            exc,
-            extra={"backend": backend, "error": str(exc)},
-        )
+        try:
+            repair_waiting(d, backend=backend)
+        except DatabaseError as exc:
+            repair_error = exc
+    return ReapPass(reaped, repair_error)
 
 
 def _reap_tally(reaped: Sequence[ReapedJob], now: datetime) -> Tally:

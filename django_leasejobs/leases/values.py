@@ -7,6 +7,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from django.db import DatabaseError
+
 from ..hot_values import hot_value
 from ..models import AttemptOutcome
 from .rules import (
@@ -150,6 +152,19 @@ class ReapedJob:
     task_path: str
     stall_count: int
     backend: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReapPass:
+    """What one reap pass (:func:`leases.reap`) did."""
+
+    jobs: list[ReapedJob]
+    """The jobs it reaped, in id order."""
+    repair_error: DatabaseError | None = None
+    """Why its repair of waiting workflow steps failed, else None. Only on PostgreSQL and
+    SQLite, where the repair runs in a savepoint of the reap's transaction and a failed
+    repair leaves the reap standing; on MySQL/MariaDB the repair is a transaction of its
+    own, and its failure raises."""
 
 
 @dataclass(frozen=True, slots=True)

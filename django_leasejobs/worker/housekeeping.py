@@ -26,7 +26,7 @@ from contextlib import nullcontext
 from django.db import DatabaseError, transaction
 
 from .. import leases
-from ..reaper import announce_reaped
+from ..reaper import announce_reaped, announce_repair_failed
 from .heartbeat import send_heartbeat_sent
 from .inbox import NextDue
 from .shared import WorkerStatus
@@ -136,11 +136,15 @@ class Housekeeping(WorkerThread):
     def _reap(self) -> list[leases.ReapedJob]:
         ctx = self.ctx
         started = time.monotonic()
-        reaped = leases.reap(
+        done = leases.reap(
             stale_lock_age=ctx.options.stale_lock_age,
             backend=ctx.backend.alias,
             using=ctx.database,
             rollups=ctx.options.rollups,
         )
         self._reap_took = time.monotonic() - started
-        return reaped
+        if done.repair_error is not None:
+            announce_repair_failed(
+                done.repair_error, backend=ctx.backend.alias, reaper=ctx.worker_id
+            )
+        return done.jobs

@@ -126,7 +126,7 @@ def dead_job(**using: Any) -> int:
     job_id = enqueue(add, max_stalls=1, **using)
     claim(job_id)
     expire(job_id)
-    reaped = leases.reap()
+    reaped = leases.reap().jobs
     assert [(r.id, r.status) for r in reaped] == [(job_id, JobStatus.DEAD)]
     return job_id
 

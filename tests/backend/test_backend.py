@@ -565,7 +565,7 @@ def test_get_result_dead_after_too_many_stalls() -> None:
     for worker in ("w1", "w2", "w3"):
         claimed = claim_one(worker)
         expire_lease(claimed.id)
-        reaped = leases.reap()
+        reaped = leases.reap().jobs
         assert [r.id for r in reaped] == [claimed.id]
     assert Job.objects.get(pk=int(enqueued.id)).status == JobStatus.DEAD
 

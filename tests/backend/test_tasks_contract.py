@@ -287,7 +287,7 @@ def test_a_killed_process_and_an_expired_lease_are_recorded_as_such() -> None:
     expired = tasks.add.using(max_stalls=1).enqueue(1, 1)
     leases.claim("gone-worker", limit=1, lease_duration=60)
     assert expire(int(expired.id)) == 1
-    [reaped] = leases.reap()
+    [reaped] = leases.reap().jobs
     assert reaped.id == int(expired.id)
     fetched = backend().get_result(expired.id)
     assert [e.exception_class_path for e in fetched.errors] == [

@@ -75,7 +75,7 @@ def succeeded_job(**using: Any) -> int:
 
 def dead_job(**using: Any) -> int:
     job_id = expired_job(max_stalls=1, **using)
-    assert [(r.id, r.status) for r in leases.reap()] == [(job_id, JobStatus.DEAD)]
+    assert [(r.id, r.status) for r in leases.reap().jobs] == [(job_id, JobStatus.DEAD)]
     return job_id
 
 

@@ -136,7 +136,7 @@ def _dead_letter() -> Job:
     claimed = leases.claim("vanished-worker", limit=1, lease_duration=30, queues=["default"])
     assert [c.id for c in claimed] == [job.pk]
     expire(job.pk)
-    reaped = leases.reap()
+    reaped = leases.reap().jobs
     assert [(r.id, r.status) for r in reaped] == [(job.pk, JobStatus.DEAD)]
     return job
 

@@ -117,7 +117,7 @@ def lost_leases(worker: str) -> dict[str, Lease]:
     job = make_job()
     first = claim_one(worker, job.pk)
     expire(job.pk)
-    assert [r.id for r in leases.reap()] == [job.pk]
+    assert [r.id for r in leases.reap().jobs] == [job.pk]
     assert claim_one("worker-b", job.pk).attempt == 2
     lost["stale attempt (reaped, re-claimed)"] = (job.pk, first.attempt)
 
@@ -125,7 +125,7 @@ def lost_leases(worker: str) -> dict[str, Lease]:
     job = make_job()
     first = claim_one(worker, job.pk)
     expire(job.pk)
-    assert [r.id for r in leases.reap()] == [job.pk]
+    assert [r.id for r in leases.reap().jobs] == [job.pk]
     park(job.pk)
     lost["reaped, pending"] = (job.pk, first.attempt)
 
@@ -330,7 +330,7 @@ def test_batched_writes_of_an_expired_lease_not_yet_reaped_still_land() -> None:
 
     assert (row(done.id)["status"], row(done.id)["result"]) == (JobStatus.SUCCEEDED, "late")
     assert row(failed.id)["status"] == JobStatus.FAILED
-    assert leases.reap() == []
+    assert leases.reap().jobs == []
 
 
 @db

@@ -391,7 +391,7 @@ def test_a_reaped_job_is_claimed_again_before_a_backlog_of_5000() -> None:
     backlog = make_jobs(5000)  # enqueued while the job ran, all ready
     expire(crashed.pk)
 
-    [reaped] = leases.reap()
+    [reaped] = leases.reap().jobs
     assert (reaped.id, reaped.status) == (crashed.pk, JobStatus.PENDING)
 
     again = claim_one("worker-new")

@@ -521,7 +521,7 @@ class LeaseProtocol(RuleBasedStateMachine):
         ):
             _reached("reap: a lease expired, but not for longer than the stale age")
 
-        reaped = leases.reap(stale_lock_age=stale_lock_age)
+        reaped = leases.reap(stale_lock_age=stale_lock_age).jobs
 
         got = sorted(self.by_id[r.id].number for r in reaped)
         assert set(got) == {j.number for j in stale.values()}, (

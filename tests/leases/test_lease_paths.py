@@ -265,7 +265,7 @@ class Reap:
     stale_lock_age: float = 0.0
 
     def run(self, job_id: int) -> None:
-        got = leases.reap(stale_lock_age=self.stale_lock_age)
+        got = leases.reap(stale_lock_age=self.stale_lock_age).jobs
         assert got == reaped_list(job_id, self.reaped)
 
 
@@ -278,7 +278,7 @@ class RacingReaps:
     reaped: tuple[int, str, str, int]
 
     def run(self, job_id: int) -> None:
-        results = run_in_threads([leases.reap] * self.reapers)
+        results = [done.jobs for done in run_in_threads([leases.reap] * self.reapers)]
         assert sorted(len(got) for got in results) == [0] * (self.reapers - 1) + [1]
         assert [job for got in results for job in got] == reaped_list(job_id, self.reaped)
 

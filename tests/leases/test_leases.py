@@ -420,7 +420,7 @@ def test_zombie_attempt_is_fenced_after_reap_and_reclaim(name: str) -> None:
     job = make_job()
     zombie = claim_one("worker-a", job.pk)
     expire(job.pk)
-    assert [r.id for r in leases.reap()] == [job.pk]
+    assert [r.id for r in leases.reap().jobs] == [job.pk]
     current = claim_one("worker-b", job.pk)
     assert current.attempt == zombie.attempt + 1
 
@@ -440,7 +440,7 @@ def test_zombie_attempt_is_fenced_after_reap_before_reclaim(name: str) -> None:
     job = make_job()
     zombie = claim_one("worker-a", job.pk)
     expire(job.pk)
-    assert [r.id for r in leases.reap()] == [job.pk]
+    assert [r.id for r in leases.reap().jobs] == [job.pk]
     assert row(job.pk)["status"] == JobStatus.PENDING
 
     _assert_write_is_fenced(name, job.pk, zombie.attempt, "worker-a")

@@ -165,7 +165,7 @@ def test_find_stale_reads_whole_rows() -> None:
     Job.objects.filter(pk=job_id).update(locked_until=DatabaseNow() - timedelta(seconds=5))
     [stale] = leases.find_stale()
     assert (stale.pk, stale.key, stale.status) == (job_id, "stale", JobStatus.RUNNING)
-    assert [r.id for r in leases.reap()] == [claimed.id]
+    assert [r.id for r in leases.reap().jobs] == [claimed.id]
 
 
 # --------------------------------------------------------------------------- DatabaseNow

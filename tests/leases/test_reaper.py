@@ -119,7 +119,7 @@ def test_reap_outcome(
     assert job.attempt == attempt + 1
     expire(job.pk)
 
-    reaped = leases.reap()
+    reaped = leases.reap().jobs
 
     assert reaped == [
         ReapedJob(
@@ -165,7 +165,7 @@ def test_stalls_add_up_to_dead_one_reap_at_a_time() -> None:
         claimed = claim_one(f"worker-{n}", job.pk)
         assert claimed.attempt == n
         expire(job.pk)
-        (reaped,) = leases.reap()
+        (reaped,) = leases.reap().jobs
         statuses.append((reaped.status, reaped.stall_count, row(job.pk)["stall_count"]))
 
     assert statuses == [
@@ -176,7 +176,7 @@ def test_stalls_add_up_to_dead_one_reap_at_a_time() -> None:
     assert [(a.attempt, a.worker, a.outcome) for a in attempt_rows(job.pk)] == [
         (n, f"worker-{n}", AttemptOutcome.LEASE_EXPIRED) for n in (1, 2, 3)
     ]
-    assert leases.reap() == []
+    assert leases.reap().jobs == []
 
 
 def test_reap_respects_stale_lock_age() -> None:
@@ -184,11 +184,11 @@ def test_reap_respects_stale_lock_age() -> None:
     expire(job.pk, seconds_ago=5)
     before = row(job.pk)
 
-    assert leases.reap(stale_lock_age=60) == []
+    assert leases.reap(stale_lock_age=60).jobs == []
     assert row(job.pk) == before
     assert leases.find_stale(stale_lock_age=60) == []
 
-    assert [r.id for r in leases.reap(stale_lock_age=1)] == [job.pk]
+    assert [r.id for r in leases.reap(stale_lock_age=1).jobs] == [job.pk]
     assert row(job.pk)["status"] == JobStatus.PENDING
 
 
@@ -203,12 +203,12 @@ def test_live_leases_are_never_reaped() -> None:
     pending = make_job()
     untouched = {pk: row(pk) for pk in (live.pk, nearly.pk, pending.pk, done.pk)}
 
-    reaped = leases.reap(stale_lock_age=0)
+    reaped = leases.reap(stale_lock_age=0).jobs
 
     assert [r.id for r in reaped] == [stale.pk]
     assert {pk: row(pk) for pk in untouched} == untouched
     assert list(JobAttempt.objects.values_list("job_id", flat=True)) == [stale.pk]
-    assert leases.reap() == []
+    assert leases.reap().jobs == []
 
 
 def test_reap_filters_by_backend() -> None:
@@ -216,10 +216,10 @@ def test_reap_filters_by_backend() -> None:
     other = running_job("worker-b", backend="other")
     expire(mine.pk, other.pk)
 
-    assert [r.id for r in leases.reap(backend="nowhere")] == []
-    assert [r.id for r in leases.reap(backend="other")] == [other.pk]
+    assert [r.id for r in leases.reap(backend="nowhere").jobs] == []
+    assert [r.id for r in leases.reap(backend="other").jobs] == [other.pk]
     assert row(mine.pk)["status"] == JobStatus.RUNNING
-    assert [r.id for r in leases.reap(backend=None)] == [mine.pk]
+    assert [r.id for r in leases.reap(backend=None).jobs] == [mine.pk]
 
 
 def test_find_stale_lists_and_changes_nothing() -> None:
@@ -248,7 +248,7 @@ def test_reaping_a_job_with_a_cancel_request_cancels_it() -> None:
     assert leases.cancel(job.pk) is CancelResult.REQUESTED
     expire(job.pk)
 
-    (reaped,) = leases.reap()
+    (reaped,) = leases.reap().jobs
 
     assert (reaped.id, reaped.status, reaped.stall_count) == (job.pk, JobStatus.CANCELLED, 1)
     stored = row(job.pk)
@@ -272,7 +272,7 @@ def test_two_concurrent_reapers_reap_each_job_once() -> None:
     assert len(claimed) == total
     assert expire() == total
 
-    first, second = run_in_threads([leases.reap, leases.reap])
+    first, second = (done.jobs for done in run_in_threads([leases.reap, leases.reap]))
 
     first_ids = [r.id for r in first]
     second_ids = [r.id for r in second]
@@ -299,7 +299,7 @@ def test_completion_before_the_reap_is_kept() -> None:
     leases.complete(job.pk, 1, "worker-a", result="done")
     done = row(job.pk)
 
-    assert leases.reap() == []
+    assert leases.reap().jobs == []
     assert row(job.pk) == done
     assert done["status"] == JobStatus.SUCCEEDED and done["result"] == "done"
     assert not JobAttempt.objects.exists()
@@ -308,7 +308,7 @@ def test_completion_before_the_reap_is_kept() -> None:
 def test_reap_before_the_completion_fences_the_holder() -> None:
     job = running_job()
     expire(job.pk)
-    assert [r.id for r in leases.reap()] == [job.pk]
+    assert [r.id for r in leases.reap().jobs] == [job.pk]
     reaped = row(job.pk)
 
     with pytest.raises(LeaseLost):
@@ -359,11 +359,11 @@ def test_completions_racing_the_reaper_end_one_way_or_the_other() -> None:
     def reaper_run() -> list[ReapedJob]:
         for event in started:
             assert event.wait(THREAD_TIMEOUT)
-        reaped = leases.reap()
+        reaped = leases.reap().jobs
         while not finished.is_set():
-            reaped += leases.reap()
+            reaped += leases.reap().jobs
             finished.wait(0.005)
-        return reaped + leases.reap()
+        return reaped + leases.reap().jobs
 
     _, reaped = run_in_threads([holders_run, reaper_run])
 
@@ -485,7 +485,7 @@ def test_a_reaped_cancel_requested_job_ends_cancelled_with_the_flag_cleared() ->
     assert leases.cancel(job.pk) == leases.CancelResult.REQUESTED
     expire(job.pk)
 
-    [reaped] = leases.reap()
+    [reaped] = leases.reap().jobs
 
     assert reaped.status == JobStatus.CANCELLED
     stored = row(job.pk)
@@ -517,7 +517,7 @@ def test_a_reap_pass_is_one_commit_where_no_deadlock_victim_is_retried(
     job = running_job()
     expire(job.pk)
     commits = Commits(monkeypatch)
-    assert [r.id for r in leases.reap(using="default")] == [job.pk]
+    assert [r.id for r in leases.reap(using="default").jobs] == [job.pk]
     assert commits.count == (2 if connection.vendor == "mysql" else 1)
 
 
@@ -538,9 +538,47 @@ def test_a_failed_repair_of_waiting_steps_leaves_the_reap_standing(
     job = running_job()
     expire(job.pk)
     with connection.execute_wrapper(FailRepair()):
-        reaped = leases.reap(using="default")
-    assert [r.id for r in reaped] == [job.pk]
+        done = leases.reap(using="default")
+    assert [r.id for r in done.jobs] == [job.pk]
+    assert isinstance(done.repair_error, OperationalError)
+    assert str(done.repair_error) == "the repair failed"
     assert row(job.pk)["status"] == JobStatus.PENDING
     assert len(attempt_rows(job.pk)) == 1
-    (warning,) = [r for r in leasejobs_log.records if r.levelno == logging.WARNING]
+    assert leasejobs_log.records == []  # (the caller logs it: reap_once, housekeeping)
+
+
+def test_a_failed_repair_of_waiting_steps_raises_after_the_reap_on_mysql() -> None:
+    if connection.vendor != "mysql":
+        pytest.skip("elsewhere the repair is a savepoint of the reap's transaction")
+    job = running_job()
+    expire(job.pk)
+    with connection.execute_wrapper(FailRepair()), pytest.raises(OperationalError):
+        leases.reap(using="default")
+    assert row(job.pk)["status"] == JobStatus.PENDING  # (committed before the repair)
+    assert len(attempt_rows(job.pk)) == 1
+
+
+def test_reap_once_logs_a_failed_repair_of_waiting_steps(
+    leasejobs_log: pytest.LogCaptureFixture,
+) -> None:
+    if connection.vendor == "mysql":
+        pytest.skip("MySQL/MariaDB: the failed repair raises")
+    job = running_job()
+    expire(job.pk)
+    with connection.execute_wrapper(FailRepair()):
+        reaped = reaper.reap_once(stale_lock_age=0, backend="default", using="default")
+    assert [r.id for r in reaped] == [job.pk]
+    (warning,) = [
+        r for r in leasejobs_log.records if r.getMessage().startswith("repair of waiting")
+    ]
+    assert warning.levelno == logging.WARNING
     assert warning.getMessage() == "repair of waiting workflow steps failed: the repair failed"
+    assert (warning.backend, warning.error, warning.reaper) == (
+        "default",
+        "the repair failed",
+        "reap_stale_locks",
+    )
+    # The reap is announced as ever.
+    assert [r.getMessage() for r in leasejobs_log.records if hasattr(r, "count")] == [
+        "released stale running jobs count=1"
+    ]

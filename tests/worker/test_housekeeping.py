@@ -11,6 +11,7 @@ worker's 197 leases when it did).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from django_leasejobs import leases
@@ -28,6 +29,7 @@ from django_leasejobs.signals import job_reaped
 from django_leasejobs.worker.housekeeping import IDLE_TOUCH_BEATS, Housekeeping
 from django_leasejobs.worker.loop import Worker
 from tests import tasks
+from tests.conftest import ListHandler
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -91,12 +93,18 @@ def test_a_deleted_registry_row_is_put_back(worker: Worker) -> None:
     assert WorkerRow.objects.filter(pk=worker.worker_id).exists()
 
 
+def stale_job() -> int:
+    """A job of a worker that is gone, its lease expired five minutes ago."""
+    result = tasks.add.enqueue(1, 2)
+    leases.claim("gone-worker", limit=1, lease_duration=60)
+    Job.objects.filter(pk=int(result.id)).update(locked_until=timezone.now() - timedelta(minutes=5))
+    return int(result.id)
+
+
 def test_the_combined_tick_reaps_and_announces_after_commit(worker: Worker) -> None:
     """A stale job reaped in the touch's transaction is pending again once the tick ends,
     with its attempt row; the announcement (log, signal) comes after the commit."""
-    result = tasks.add.enqueue(1, 2)
-    (claimed,) = leases.claim("gone-worker", limit=1, lease_duration=60)
-    Job.objects.filter(pk=claimed.id).update(locked_until=timezone.now() - timedelta(minutes=5))
+    job_id = stale_job()
     reaped_seen: list[str] = []
 
     def receiver(*, job_id: int, status: str, **_: Any) -> None:
@@ -110,18 +118,39 @@ def test_the_combined_tick_reaps_and_announces_after_commit(worker: Worker) -> N
     finally:
         job_reaped.disconnect(dispatch_uid="test-housekeeping-reaped")
     assert statements.on("leasejobs_worker") == [True], statements.seen
-    row = Job.objects.get(pk=int(result.id))
+    row = Job.objects.get(pk=job_id)
     assert row.status == JobStatus.PENDING
     assert row.attempts.count() == 1
     assert reaped_seen == [JobStatus.PENDING]
 
 
-def stale_job() -> int:
-    """A job of a worker that is gone, its lease expired five minutes ago."""
-    result = tasks.add.enqueue(1, 2)
-    leases.claim("gone-worker", limit=1, lease_duration=60)
-    Job.objects.filter(pk=int(result.id)).update(locked_until=timezone.now() - timedelta(minutes=5))
-    return int(result.id)
+def test_a_failed_repair_of_waiting_steps_is_logged_and_the_reap_stands(
+    worker: Worker, leasejobs_log: ListHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if connection.vendor == "mysql":
+        pytest.skip("MySQL/MariaDB: the failed repair raises (a transaction after the reap's)")
+
+    def failing_repair(*args: Any, **kwargs: Any) -> None:
+        raise OperationalError("the repair failed")
+
+    reap_module = importlib.import_module("django_leasejobs.leases.reap")  # (not leases.reap)
+    monkeypatch.setattr(reap_module, "repair_waiting", failing_repair)
+    job_id = stale_job()
+    housekeeping = Housekeeping(worker.thread_context(), threading.Event())
+    tick(worker, housekeeping, beat=False, reap=True)
+    assert Job.objects.get(pk=job_id).status == JobStatus.PENDING
+    (warning,) = [
+        r for r in leasejobs_log.records if r.getMessage().startswith("repair of waiting")
+    ]
+    assert warning.getMessage() == "repair of waiting workflow steps failed: the repair failed"
+    assert (warning.backend, warning.error, warning.reaper) == (
+        "default",
+        "the repair failed",
+        worker.worker_id,
+    )
+    assert [r.getMessage() for r in leasejobs_log.records if hasattr(r, "count")] == [
+        "released stale running jobs count=1"
+    ]
 
 
 def reap_waits_for_a_lock() -> bool:

@@ -266,7 +266,7 @@ def test_thread_pool_job_sees_lease_lost_and_its_late_writes_are_rejected(
     freeze(zombie, job_id)
     expired = Job.objects.filter(pk=job_id, status=JobStatus.RUNNING, locked_until__lt=Now())
     wait_until(expired.exists, timeout=15, what="the frozen worker's lease to expire")
-    reaped = leases.reap(backend="default")
+    reaped = leases.reap(backend="default").jobs
     assert [(r.id, r.attempt, r.status) for r in reaped] == [(job_id, 1, JobStatus.PENDING)]
     [claimed] = leases.claim("flow-newer", limit=1, lease_duration=60, backend="default")
     assert claimed.lease == (job_id, 2)

@@ -138,7 +138,7 @@ def test_a_worker_frozen_past_its_leases_never_starts_a_prefetched_job(
         (Path(marker_dir) / "long.gate").touch()
         # The leases run out (5 s); a reaper takes the jobs back; another worker runs them.
         wait_until(
-            lambda: len([r for r in leases.reap() if r.id in quick_ids]) or _reaped(quick_ids),
+            lambda: len([r for r in leases.reap().jobs if r.id in quick_ids]) or _reaped(quick_ids),
             timeout=30,
             what="the frozen worker's quick jobs to be reaped",
         )

@@ -173,7 +173,7 @@ def wait_lease_expired(job_id: Any, timeout: float) -> None:
 
 def take_lease_away(job_id: Any, new_owner: str = "other") -> None:
     """Reap the job's expired lease from the test and claim it again as ``new_owner``."""
-    reaped = leases.reap()
+    reaped = leases.reap().jobs
     assert [(r.id, r.attempt, r.status) for r in reaped] == [(job_id, 1, JobStatus.PENDING)]
     claimed = leases.claim(new_owner, limit=1, lease_duration=60)
     assert [c.lease for c in claimed] == [(job_id, 2)]

@@ -35,7 +35,7 @@ def _claim_expire_reap(job_id: int) -> list[leases.ReapedJob]:
     [claimed] = leases.claim("w1", limit=1, lease_duration=30)
     assert claimed.id == job_id
     assert expire(job_id) == 1
-    return leases.reap()
+    return leases.reap().jobs
 
 
 # ------------------------------------------------------------- a parent's dead letter
