@@ -372,7 +372,7 @@ class Worker:
             limit = self._claim_limit(ahead=True)
             if not least or limit < least:
                 return False
-            plan = self.recorder.plan(limit)
+            plan = self.recorder.plan(limit, ahead=True)
         else:
             return False
         if self.recorder.writes:

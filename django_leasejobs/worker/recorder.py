@@ -72,9 +72,11 @@ class Recorder:
 
     # -- planning a round ---------------------------------------------------------------
 
-    def plan(self, claim_limit: int) -> RoundPlan:
+    def plan(self, claim_limit: int, *, ahead: bool = False) -> RoundPlan:
         """The next round: up to ``MAX_ROUND_WRITES`` queued outcomes and the claim; or,
-        while suspects wait (``ISOLATE_AFTER``), a group of them without a claim."""
+        while suspects wait (``ISOLATE_AFTER``), a group of them without a claim.
+        ``ahead``: a round that waits behind another (``driver.MAX_IN_FLIGHT``) takes no
+        suspects (what their group's round says is read when the round in flight ends)."""
         # Earlier attempts' rows are only for receivers of the site's: Django's own log
         # receiver reads none of them.
         plan = RoundPlan(claim_limit=claim_limit, history=has_other_receivers(task_finished))
@@ -83,7 +85,7 @@ class Recorder:
             self._standing_aside = {t: end for t, end in self._standing_aside.items() if end > now}
             plan.skip_tasks = tuple(sorted(self._standing_aside))
         ready: list[tuple[RunningJob, Write]] = []
-        for item in [item for item in self.writes if item[0].write_failures]:
+        for item in [item for item in self.writes if item[0].write_failures and not ahead]:
             running = item[0]
             if running.lease_gone:  # a renewal matched no row: the fence refuses it now
                 self.writes.remove(item)

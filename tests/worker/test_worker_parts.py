@@ -210,6 +210,22 @@ def test_an_outcome_that_fails_its_rounds_is_written_alone_and_given_up_only_alo
     assert not book.running and not recorder.writes and recorder.given_up == 1
 
 
+def test_a_round_planned_ahead_takes_no_suspects_only_the_others_and_its_claim() -> None:
+    """A round that waits behind another (``driver.MAX_IN_FLIGHT``) leaves suspects for
+    a round of their own: what their group's round says is read when that round ends."""
+    recorder, book = _recorder()
+    suspect = _finished(book, recorder, 1, time.monotonic())
+    for _ in range(ISOLATE_AFTER):
+        _fail_round(recorder, recorder.plan(claim_limit=5))
+    _renew(book, (1, 1))
+    fresh = _finished(book, recorder, 2, time.monotonic())
+    plan = recorder.plan(claim_limit=5, ahead=True)
+    assert [r for r, _ in plan.successes] == [fresh] and plan.claim_limit == 5
+    assert [r for r, _ in recorder.writes] == [suspect]
+    plan = recorder.plan(claim_limit=5)  # the next round of its own: the suspect, alone
+    assert [r for r, _ in plan.successes] == [suspect] and plan.claim_limit == 0
+
+
 def test_suspects_after_an_outage_are_written_together_and_a_poison_among_them_found() -> None:
     """After an outage every queued outcome failed its rounds: they are all suspects.
     They are written in one group once the database answers, not one per round; with
