@@ -83,17 +83,20 @@ class Dispatcher:
         return min(self.prefetch, int(self.prefetch_limit), per_slot * self.concurrency)
 
     def claim_limit(
-        self, *, free_slots: int, waiting: int, jobs_left: int | None, ahead: bool = False
+        self, *, free_slots: int, waiting: int, jobs_left: int | None, rounds: int = 1
     ) -> int:
         """How many jobs to claim now: the free slots and the prefetch, less the jobs
         waiting for a slot already or claimed by a round in flight (``waiting``), and no
-        more than ``--max-jobs`` leaves. ``ahead``: a round that waits in the database
-        thread behind another may hold a second prefetch (the jobs of the round before
-        it run while it claims)."""
+        more than ``--max-jobs`` leaves. ``rounds``: the rounds in flight once this one
+        starts. A round that waits in the database thread behind another may hold a
+        prefetch for each (the jobs of the round before it run while it claims), and is
+        worth a round of its own only for at least half a prefetch: below that, 0."""
         prefetch = self.prefetch_now()
-        limit = free_slots + prefetch * (2 if ahead else 1) - waiting
+        limit = free_slots + prefetch * rounds - waiting
         if jobs_left is not None:
             limit = min(limit, jobs_left)
+        if rounds > 1 and (prefetch < 2 or limit < prefetch // 2):
+            return 0
         return max(limit, 0)
 
     def pipeline_depth(self, waiting: int) -> int:

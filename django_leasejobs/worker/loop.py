@@ -368,9 +368,8 @@ class Worker:
         elif self.rounds.may_start_ahead():
             # Claiming ahead is prefetching (none while rounds are slow, nor for long
             # jobs), and only a full-size claim is worth a round of its own.
-            least = self.dispatcher.prefetch_now() // 2
-            limit = self._claim_limit(ahead=True)
-            if not least or limit < least:
+            limit = self._claim_limit(rounds=self.rounds.in_flight + 1)
+            if not limit:
                 return False
             plan = self.recorder.plan(limit, ahead=True)
         else:
@@ -384,7 +383,7 @@ class Worker:
         self.rounds.start(plan, listening=self.listening, burst=self.config.burst)
         return True
 
-    def _claim_limit(self, *, ahead: bool = False) -> int:
+    def _claim_limit(self, *, rounds: int = 1) -> int:
         if self.shutdown.stopping:
             return 0
         max_jobs = self.config.max_jobs
@@ -402,7 +401,7 @@ class Worker:
             free_slots=free_slots,
             waiting=len(self.book.ready) + self.rounds.claiming,
             jobs_left=jobs_left,
-            ahead=ahead,
+            rounds=rounds,
         )
 
     def _finish_round(self) -> None:

@@ -530,44 +530,46 @@ class FailRepair:
         return execute(sql, params, many, context)
 
 
+@pytest.fixture
+def expired_job() -> int:
+    """The id of a running job whose lease has expired: a reap's one job."""
+    job = running_job()
+    expire(job.pk)
+    return job.pk
+
+
 def test_a_failed_repair_of_waiting_steps_leaves_the_reap_standing(
-    leasejobs_log: pytest.LogCaptureFixture,
+    expired_job: int, leasejobs_log: pytest.LogCaptureFixture
 ) -> None:
     if connection.vendor == "mysql":
         pytest.skip("MySQL/MariaDB commit the reap before the repair (its own transaction)")
-    job = running_job()
-    expire(job.pk)
     with connection.execute_wrapper(FailRepair()):
         done = leases.reap(using="default")
-    assert [r.id for r in done.jobs] == [job.pk]
+    assert [r.id for r in done.jobs] == [expired_job]
     assert isinstance(done.repair_error, OperationalError)
     assert str(done.repair_error) == "the repair failed"
-    assert row(job.pk)["status"] == JobStatus.PENDING
-    assert len(attempt_rows(job.pk)) == 1
+    assert row(expired_job)["status"] == JobStatus.PENDING
+    assert len(attempt_rows(expired_job)) == 1
     assert leasejobs_log.records == []  # (the caller logs it: reap_once, housekeeping)
 
 
-def test_a_failed_repair_of_waiting_steps_raises_after_the_reap_on_mysql() -> None:
+def test_a_failed_repair_of_waiting_steps_raises_after_the_reap_on_mysql(expired_job: int) -> None:
     if connection.vendor != "mysql":
         pytest.skip("elsewhere the repair is a savepoint of the reap's transaction")
-    job = running_job()
-    expire(job.pk)
     with connection.execute_wrapper(FailRepair()), pytest.raises(OperationalError):
         leases.reap(using="default")
-    assert row(job.pk)["status"] == JobStatus.PENDING  # (committed before the repair)
-    assert len(attempt_rows(job.pk)) == 1
+    assert row(expired_job)["status"] == JobStatus.PENDING  # (committed before the repair)
+    assert len(attempt_rows(expired_job)) == 1
 
 
 def test_reap_once_logs_a_failed_repair_of_waiting_steps(
-    leasejobs_log: pytest.LogCaptureFixture,
+    expired_job: int, leasejobs_log: pytest.LogCaptureFixture
 ) -> None:
     if connection.vendor == "mysql":
         pytest.skip("MySQL/MariaDB: the failed repair raises")
-    job = running_job()
-    expire(job.pk)
     with connection.execute_wrapper(FailRepair()):
         reaped = reaper.reap_once(stale_lock_age=0, backend="default", using="default")
-    assert [r.id for r in reaped] == [job.pk]
+    assert [r.id for r in reaped] == [expired_job]
     (warning,) = [
         r for r in leasejobs_log.records if r.getMessage().startswith("repair of waiting")
     ]

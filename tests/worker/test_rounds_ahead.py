@@ -37,13 +37,15 @@ def test_a_round_behind_another_may_hold_a_second_prefetch_and_none_while_slow()
     assert first == 2 + PREFETCH
     # The round in flight may bring ``first`` jobs: they count as waiting.
     assert dispatcher.claim_limit(free_slots=2, waiting=first, jobs_left=None) == 0
-    assert dispatcher.claim_limit(free_slots=2, waiting=first, jobs_left=None, ahead=True) == (
-        PREFETCH
-    )
-    assert dispatcher.claim_limit(free_slots=2, waiting=first, jobs_left=10, ahead=True) == 10
+    behind = MAX_IN_FLIGHT  # the rounds in flight once the one behind starts
+    assert dispatcher.claim_limit(
+        free_slots=2, waiting=first, jobs_left=None, rounds=behind
+    ) == PREFETCH * (behind - 1)
+    assert dispatcher.claim_limit(free_slots=2, waiting=first, jobs_left=40, rounds=behind) == 40
+    # Less than half a prefetch is not worth a round of its own.
+    assert dispatcher.claim_limit(free_slots=2, waiting=first, jobs_left=10, rounds=behind) == 0
     dispatcher.took(SLOW_ROUND_SHARE * 4.0 + 0.01, now=100.0)  # a slow round: no prefetch
-    assert dispatcher.claim_limit(free_slots=2, waiting=2, jobs_left=None, ahead=True) == 0
-
+    assert dispatcher.claim_limit(free_slots=2, waiting=2, jobs_left=None, rounds=behind) == 0
 
 @dataclass(frozen=True)
 class Start:
