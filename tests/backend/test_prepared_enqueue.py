@@ -21,7 +21,7 @@ def prepared_inserts() -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_prepared_statements "
-            "WHERE statement LIKE 'WITH inserted AS (INSERT INTO %%leasejobs_job%%'"
+            "WHERE statement LIKE 'INSERT INTO %%leasejobs_job%%pg_notify%%'"
         )
         return int(cursor.fetchone()[0])
 
