@@ -36,7 +36,9 @@ variant's: the goal is ``task.enqueue()`` at 0.8 or more).
 Server: ``DATABASE_URL``'s (its database is only the admin connection), or with
 ``--private-server`` or without ``DATABASE_URL`` a throwaway PostgreSQL of its own
 (``bench/pgserver.py``, production settings: ``fsync`` and ``synchronous_commit`` on, as
-on the machine's shared server). Either way the bench creates its own database,
+on the machine's shared server; ``--fast-server``: both off, as ``bench/compare.py``'s
+embedded server, so that the disk's flush of each commit, the same in every variant,
+does not pull the ratios toward 1). Either way the bench creates its own database,
 ``--db-name`` (default ``lj_enqueue_split``), marked with a comment, refuses to drop a
 database without that mark, and drops its own at exit unless ``--keep``.
 
@@ -44,6 +46,7 @@ Run from the repository root, in the project's virtualenv (``.venv``) or the ben
 
     python bench/enqueue_split.py                     # 3,000 calls x 5 rounds per variant
     python bench/enqueue_split.py --smoke             # 100 calls, 1 round (seconds)
+    python bench/enqueue_split.py --fast-server       # the ceiling bench's kind of server
     python bench/enqueue_split.py --calls 10000 --rounds 9 --output /tmp/split.json
 
 Output: a line per round, then the markdown table, the PostgreSQL version and the
@@ -109,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--private-server",
         action="store_true",
         help="a PostgreSQL of its own even when DATABASE_URL is set",
+    )
+    parser.add_argument(
+        "--fast-server",
+        action="store_true",
+        help="a PostgreSQL of its own with fsync and synchronous_commit off, as "
+        "bench/compare.py's embedded one: each call without the disk's flush",
     )
     parser.add_argument("--db-name", default="lj_enqueue_split")
     parser.add_argument("--keep", action="store_true", help="keep the database (and server)")
@@ -369,7 +378,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pgserver import bench_database, connect_admin, machine
 
     with bench_database(
-        args, bench="bench/enqueue_split.py", prefix="leasejobs-enqueue-split-pg-", mark=MARK
+        args,
+        bench="bench/enqueue_split.py",
+        prefix="leasejobs-enqueue-split-pg-",
+        mark=MARK,
+        production=not args.fast_server,
     ) as (url, config, label):
         with connect_admin(config) as admin:
             server = {name: show(admin, name) for name in SERVER_SETTINGS}

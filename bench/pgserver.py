@@ -259,22 +259,29 @@ def machine(repo_root: Path) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def server_for(
-    args: argparse.Namespace, *, bench: str, prefix: str, max_connections: int = 20
+    args: argparse.Namespace,
+    *,
+    bench: str,
+    prefix: str,
+    max_connections: int = 20,
+    production: bool = True,
 ) -> Iterator[tuple[str, dict[str, Any], str]]:
     """The admin URL, its Django config and a label: ``DATABASE_URL``'s server (unless
-    ``args.private_server``), or a private one with production settings (kept with
+    ``args.private_server`` or ``production`` False), or a private one with production
+    settings (``production`` False: ``PrivateServer``'s fast ones) (kept with
     ``args.keep``) and ``max_connections``. ``bench`` names the script in the error of a
     server that is not PostgreSQL; ``prefix`` names the private server's data directory."""
     url = os.environ.get("DATABASE_URL")
-    if url and not args.private_server:
+    if url and not args.private_server and production:
         config = django_url_config(url)
         if "postgres" not in config["ENGINE"]:
             raise SystemExit(f"{bench} needs PostgreSQL, DATABASE_URL is {url!r}")
         yield url, config, "DATABASE_URL's server"
         return
-    server = PrivateServer(max_connections, production=True, prefix=prefix)
+    server = PrivateServer(max_connections, production=production, prefix=prefix)
+    label = "private (production settings)" if production else "private (fsync off)"
     try:
-        yield server.url, django_url_config(server.url), "private (production settings)"
+        yield server.url, django_url_config(server.url), label
     finally:
         if args.keep:
             print(f"kept: server at {server.url} (data {server.base})")
@@ -284,13 +291,17 @@ def server_for(
 
 @contextlib.contextmanager
 def bench_database(
-    args: argparse.Namespace, *, bench: str, prefix: str, mark: str
+    args: argparse.Namespace, *, bench: str, prefix: str, mark: str, production: bool = True
 ) -> Iterator[tuple[str, dict[str, Any], str]]:
-    """:func:`server_for`, with the database ``args.db_name`` made on it (marked
-    ``mark``) for the run and dropped after it (unless ``args.keep``), Django's
-    connections closed first. Yields that database's URL, the admin's Django config and
-    the server's label."""
-    with server_for(args, bench=bench, prefix=prefix) as (admin_url, config, label):
+    """:func:`server_for` (``production`` as there), with the database ``args.db_name``
+    made on it (marked ``mark``) for the run and dropped after it (unless ``args.keep``),
+    Django's connections closed first. Yields that database's URL, the admin's Django
+    config and the server's label."""
+    with server_for(args, bench=bench, prefix=prefix, production=production) as (
+        admin_url,
+        config,
+        label,
+    ):
         with connect_admin(config) as admin:
             create_database(admin, args.db_name, mark)
         try:

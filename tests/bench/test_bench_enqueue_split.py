@@ -33,16 +33,17 @@ VARIANTS = (
     connection.vendor != "postgresql",
     reason="bench/enqueue_split.py measures PostgreSQL only (NOTIFY in the INSERT)",
 )
+@pytest.mark.parametrize("server", [[], ["--fast-server"]], ids=["database_url", "fast"])
 def test_enqueue_split_bench_runs_at_smoke_size(
-    subprocess_env: dict[str, str], tmp_path: Path
+    server: list[str], subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:
     # DATABASE_URL names the test database: the bench only uses its server, to create
-    # (and drop) a database of its own.
+    # (and drop) a database of its own. --fast-server: a private one, fsync off.
     db_name = f"enqueue_split_smoke_{os.getpid()}"
     output = tmp_path / "enqueue_split.json"
     result = run_bench(
         "enqueue_split",
-        ["--smoke", "--db-name", db_name, "--output", str(output)],
+        ["--smoke", *server, "--db-name", db_name, "--output", str(output)],
         subprocess_env,
     )
     printed = result.stdout + result.stderr
@@ -55,3 +56,6 @@ def test_enqueue_split_bench_runs_at_smoke_size(
         assert row["wall_us"] > 0 and row["cpu_us"] > 0 and row["bare_over_this"] > 0, row
         assert len(row["rounds_wall_us"]) == len(row["rounds_cpu_us"]) == 1, row
     assert report["server"]["server_version"], report["server"]
+    if server:  # (DATABASE_URL's server is the suite's, fsync off or on)
+        assert report["server"]["fsync"] == "off", report["server"]
+        assert report["server"]["kind"] == "private (fsync off)", report["server"]

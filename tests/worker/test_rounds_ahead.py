@@ -47,6 +47,7 @@ def test_a_round_behind_another_may_hold_a_second_prefetch_and_none_while_slow()
     dispatcher.took(SLOW_ROUND_SHARE * 4.0 + 0.01, now=100.0)  # a slow round: no prefetch
     assert dispatcher.claim_limit(free_slots=2, waiting=2, jobs_left=None, rounds=behind) == 0
 
+
 @dataclass(frozen=True)
 class Start:
     """A round as the main loop handed it to the database thread."""
