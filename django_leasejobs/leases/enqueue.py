@@ -159,7 +159,8 @@ def _insert_notify_sql(using: str, unset: tuple[bool, ...]) -> str:
     run_after = now if unset[-1] else "%s"
     # The wake-up rides in RETURNING: the same statement wrapped as a data-modifying
     # CTE (``WITH inserted AS (INSERT ...) SELECT pg_notify(...) FROM inserted``) costs
-    # the server about a third more per call (docs/benchmarks.md, issue 32).
+    # the server 20-40 us more of parse and plan per call when not prepared
+    # (bench/enqueue_split.py; docs/benchmarks.md, issue 32).
     return (
         f"INSERT INTO {d.jobs} ({columns}) "  # noqa: S608 - identifiers quoted, values bound
         f"VALUES ({placeholders(len(given))}, {constants}, {now}, {run_after}) "
