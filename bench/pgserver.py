@@ -267,10 +267,11 @@ def server_for(
     production: bool = True,
 ) -> Iterator[tuple[str, dict[str, Any], str]]:
     """The admin URL, its Django config and a label: ``DATABASE_URL``'s server (unless
-    ``args.private_server`` or ``production`` False), or a private one with production
-    settings (``production`` False: ``PrivateServer``'s fast ones) (kept with
-    ``args.keep``) and ``max_connections``. ``bench`` names the script in the error of a
-    server that is not PostgreSQL; ``prefix`` names the private server's data directory."""
+    ``args.private_server``, or ``production`` is False), else a private one with
+    ``max_connections`` and production settings, or with ``production`` False
+    ``PrivateServer``'s fast ones (kept with ``args.keep``). ``bench`` names the script in
+    the error of a server that is not PostgreSQL; ``prefix`` names the private server's
+    data directory."""
     url = os.environ.get("DATABASE_URL")
     if url and not args.private_server and production:
         config = django_url_config(url)
