@@ -52,12 +52,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 REPO = Path(__file__).resolve().parents[1]
 
 LOCAL_PG_URL = os.environ.get("CI_LOCAL_PG_URL", "postgres://postgres@127.0.0.1:5432/test")
 MARIADB_URL = os.environ.get("CI_MARIADB_URL", "mysql://root@127.0.0.1:3306/ci")
+MARIADB_URL_DJ6 = urlunsplit(urlsplit(MARIADB_URL)._replace(path="/ci6"))
+"""The same server for the Django 6 pipeline, whose steps run beside the Django 5.2 ones:
+another database name, so that pytest-django's test databases differ (test_ci6)."""
+MARIADB_STATUS_ENV = "LEASEJOBS_CI_MARIADB_STATUS"
+"""The `mariadb` step's exit status, for the background pipeline of `run all`."""
 # `ruff format --check .` covers the code and the Python blocks in README.md and docs/*.md.
 RUFF_FORMAT = os.environ.get("CI_RUFF_FORMAT", "1") == "1"
 PARALLEL = os.environ.get("CI_PARALLEL", "1") == "1"
@@ -385,10 +390,8 @@ DJANGO_FACING_SUITES = [
 DJANGO_FACING_AND_LEASES = [*DJANGO_FACING_SUITES, "tests/leases"]
 
 # MariaDB's core: the lease protocol, the backend (enqueue, results) and a worker's life
-# on the portable path (its smoke test and MySQL's error handling); the rest of the suite
-# on MariaDB is `tests-dj52-mariadb`. With Django 5.2: on Django 6 `manage.py check` asks
-# a MySQL server its version, so the checks' tests of a bad database option fail there
-# before our warning can (docs/development.md).
+# on the portable path (its smoke test and MySQL's error handling), on both Django lines;
+# the rest of the suite on MariaDB is `tests-dj52-mariadb`.
 MARIADB_CORE = [
     "tests/leases",
     "tests/backend",
@@ -474,6 +477,19 @@ def tests_dj6_postgres(ctx: Context) -> int:
     python = needs(ctx.py3new, "3.13 or 3.12")
     selection = ctx.pytest_args or DJANGO_FACING_AND_LEASES
     return scripts_test(ctx, ctx.venv3new, python, ctx.pg_url(), pytest_args=selection)
+
+
+@step(
+    "tests-dj6-mariadb-core",
+    lambda ctx: f"py{ctx.new_version} + Django 6: MariaDB's core on MariaDB ({MARIADB_URL_DJ6})",
+    tests=True,
+)
+def tests_dj6_mariadb_core(ctx: Context) -> int:
+    if ctx.mariadb_status:
+        raise NotRun("no MariaDB server")
+    python = needs(ctx.py3new, "3.13 or 3.12")
+    selection = ctx.pytest_args or MARIADB_CORE
+    return scripts_test(ctx, ctx.venv3new, python, MARIADB_URL_DJ6, pytest_args=selection)
 
 
 # Django 6.0 is a supported line until its end of life: the Django-facing suites on
@@ -821,6 +837,7 @@ GROUPS: dict[str, list[str]] = {
     "py313-more": [
         "chaos-short-smoke",
         "tests-dj6-postgres",
+        "tests-dj6-mariadb-core",
         "tests-dj60-postgres",
         "bench-smoke",
         "async-bench-smoke",
@@ -854,6 +871,7 @@ REFERENCE_MINUTES: dict[str, float] = {
     "soak-smoke": 0.6,
     "chaos-short-smoke": 0.7,
     "tests-dj6-postgres": 11.0,
+    "tests-dj6-mariadb-core": 3.0,
     "tests-dj60-postgres": 5.0,
     "bench-smoke": 1.5,
     "async-bench-smoke": 0.7,
@@ -958,6 +976,8 @@ def run_pipelines_side_by_side(ctx: Context, results: Results, started_at: float
     argv = [sys.executable, __file__, "--work", str(ctx.work), "--results", str(report)]
     argv += ["--pipeline", "py313", "run", "all", "--", *ctx.pytest_args]
     env = {**os.environ, STARTED_AT_ENV: repr(started_at)}
+    if ctx.mariadb_status is not None:
+        env[MARIADB_STATUS_ENV] = str(ctx.mariadb_status)
     with log.open("w") as out:
         background = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
     print(
@@ -1074,6 +1094,8 @@ def main(argv: Sequence[str]) -> int:
                 shutil.rmtree(REPO / "artifacts" / "screenshots", ignore_errors=True)
         if whole and options.pipeline:  # the background pipeline of `run all`
             started_at = float(os.environ.get(STARTED_AT_ENV, time.time()))
+            if MARIADB_STATUS_ENV in os.environ:
+                ctx.mariadb_status = int(os.environ[MARIADB_STATUS_ENV])
             run_pipeline(ctx, results, options.pipeline, started_at)
         elif whole:
             started_at = time.time()
