@@ -200,11 +200,17 @@ def flow_lane_due(d: Dialect, backend: str, queues: Sequence[str] | None) -> tup
 
 
 def seconds_to_next_due(
-    backend: str, queues: Sequence[str] | None, *, using: str = "default"
+    backend: str,
+    queues: Sequence[str] | None,
+    *,
+    skip_tasks: Collection[str] = (),
+    using: str = "default",
 ) -> float | None:
     """Seconds until the earliest pending ``run_after`` in the unpaused ``queues`` (None:
     every queue) of ``backend``, by the database's clock (0: due already); None when
     nothing is pending there. PostgreSQL only (elsewhere 0.0: workers there poll).
+    ``skip_tasks``: the jobs of these tasks do not count (a worker that stands aside from
+    them would not claim them: ``skipping``).
 
     A job held back by a full limit counts as due: its worker looks again after
     ``POLL_INTERVAL``, when a slot may have come free. Whether a job is due is asked
@@ -228,6 +234,8 @@ def seconds_to_next_due(
             "AND qs.name = q.name AND qs.paused = TRUE)))"
         )
         queue_params = [list(queues), backend]
+    queue_params.extend(skip_tasks)
+    in_queues += skipping(skip_tasks)
     due, earliest = [], []
     for lane in ("IS NULL", "IS NOT NULL"):  # one partial index each
         where = f"j.status = 'pending' AND j.flow_group {lane} AND j.backend = %s {in_queues}"

@@ -251,7 +251,7 @@ class RoundDriver:
         known_due: float | None = None
         if plan.look_first:
             with contextlib.suppress(Exception):  # (claim as usual, and look after it)
-                known_due = self.seconds_to_next_due()
+                known_due = self.seconds_to_next_due(plan.skip_tasks)
                 if known_due is None or known_due > 0:
                     logger.debug(
                         "safety poll: no job due (%s), no claim",
@@ -269,7 +269,9 @@ class RoundDriver:
                 self._notify_given_back(plan, result)
                 if listening and plan.claim_limit and result.claimed == []:
                     result.next_due = (
-                        known_due if known_due is not None else self.seconds_to_next_due()
+                        known_due
+                        if known_due is not None
+                        else self.seconds_to_next_due(plan.skip_tasks)
                     )
             except Exception as exc:  # the idle wait falls back to POLL_INTERVAL
                 result.next_due = 0.0
@@ -326,10 +328,14 @@ class RoundDriver:
         if queues:
             leases.notify(leases.NOTIFY_CHANNEL, sorted(queues), using=self.database)
 
-    def seconds_to_next_due(self) -> float | None:
+    def seconds_to_next_due(self, skip_tasks: tuple[str, ...]) -> float | None:
         """Seconds until the next pending job of this worker's queues comes due
-        (``leases.seconds_to_next_due``; PostgreSQL: only a listening worker asks)."""
-        return leases.seconds_to_next_due(self.backend, self.queues, using=self.database)
+        (``leases.seconds_to_next_due``; PostgreSQL: only a listening worker asks), the
+        jobs of the tasks it stands aside from left out: it would not claim them, so a
+        due one must not bring its next look forward to ``POLL_INTERVAL``."""
+        return leases.seconds_to_next_due(
+            self.backend, self.queues, skip_tasks=skip_tasks, using=self.database
+        )
 
     # -- the rhythm of claims ------------------------------------------------------------
 

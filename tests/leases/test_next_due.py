@@ -74,3 +74,17 @@ def test_a_paused_queue_is_left_out(queues: list[str] | None) -> None:
 def test_another_backends_jobs_do_not_count() -> None:
     make_job(backend="other")
     assert due_in(None) is None
+
+
+@pytest.mark.parametrize("queues", QUEUE_FORMS, ids=str)
+def test_the_jobs_of_skipped_tasks_do_not_count(queues: list[str] | None) -> None:
+    """A worker that stands aside from a task it does not know would not claim its due
+    jobs: they must not make its next look come at once."""
+    make_job(task_path="app.tasks.new")
+    make_job(task_path="app.tasks.new", flow_group=key_group("k"), concurrency_limit=1)
+    assert due_in(queues) == 0.0
+    skipped = leases.seconds_to_next_due("default", queues, skip_tasks=["app.tasks.new"])
+    assert skipped is None
+    later(100)
+    skipped = leases.seconds_to_next_due("default", queues, skip_tasks=["app.tasks.new"])
+    assert skipped is not None and 90 < skipped <= 100

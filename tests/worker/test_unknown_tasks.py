@@ -14,12 +14,18 @@ import os
 import sys
 import textwrap
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from django.db import connection
+from django.db.models.functions import Now
 
 from django_leasejobs.models import Job, JobAttempt, JobStatus
+from django_leasejobs.worker import Worker
+from django_leasejobs.worker.rounds import RoundPlan
+from tests.helpers_leases import make_job
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -113,3 +119,29 @@ def test_past_the_grace_the_job_is_dead_lettered_with_what_to_do(workers, new_co
     assert f"'{NEW_MODULE}.welcome' is not a registered task" in attempt.error_message
     assert "deploy the code that declares it to the workers" in attempt.error_message
     assert Job.objects.get(pk=result.id).attempt == 1
+
+
+def test_the_jobs_a_worker_stands_aside_from_do_not_bring_its_next_look_forward(
+    worker: Worker,
+) -> None:
+    """After giving a job of a task it does not know back, a worker's claims leave that
+    task's jobs alone for a while (``skip_tasks``); its next-due lookup must leave them
+    out too, or, once one is due, the idle worker would look again every
+    ``POLL_INTERVAL`` for a job it will not claim. (The worker's own parts, in process.)"""
+    if connection.vendor != "postgresql":
+        pytest.skip("the next-due lookup is PostgreSQL's (elsewhere workers poll)")
+    make_job(task_path="app.tasks.new")  # due now: the task the worker stands aside from
+    later = make_job()
+    Job.objects.filter(pk=later.pk).update(run_after=Now() + timedelta(seconds=100))
+    rounds = worker.rounds
+    rounds.open()
+    try:
+        plan = RoundPlan(claim_limit=4, skip_tasks=("app.tasks.new",))
+        rounds.start(plan, listening=True, burst=False)
+        wait_until(rounds.done, 30, what="the round to end")
+        _, result, _ = rounds.take()
+    finally:
+        rounds.close()
+    assert result.error is None
+    assert result.claimed == []
+    assert result.next_due is not None and 90 < result.next_due <= 100
