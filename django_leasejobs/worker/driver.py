@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -89,6 +90,7 @@ class RoundDriver:
         self._beside: ThreadPoolExecutor | None = None
         """The second database thread: a round's claim beside its writes (PostgreSQL,
         ``rounds.run_round``). Its thread and connection start with the first such round."""
+        self._beside_started = threading.Event()
         self._rounds: deque[InFlight] = deque()
         """Rounds in flight, oldest first (at most ``MAX_IN_FLIGHT``)."""
         self.failures = 0
@@ -119,7 +121,9 @@ class RoundDriver:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leasejobs-db")
         if leases.claims_beside_writes(self.database):
             self._beside = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="leasejobs-db-claim"
+                max_workers=1,
+                thread_name_prefix="leasejobs-db-claim",
+                initializer=self._beside_started.set,
             )
 
     def close(self) -> None:
@@ -133,7 +137,8 @@ class RoundDriver:
             self._executor.submit(connections.close_all)
             self._executor.shutdown(wait=True)
         if self._beside is not None:
-            self._beside.submit(connections.close_all)
+            if self._beside_started.is_set():  # (else it has no thread, nor a connection)
+                self._beside.submit(connections.close_all)
             self._beside.shutdown(wait=True)
 
     @property

@@ -104,3 +104,22 @@ def test_failures_are_written_in_batches_too(counter: StatementCounter) -> None:
     per_job = counter.worker_statements() / JOBS
     # Per failure: the fenced UPDATE and the attempt rows' INSERT, shared by a batch.
     assert per_job < 1.0, f"{per_job:.2f} statements per job: {dict(counter.counts)}"
+
+
+def test_a_worker_that_never_claimed_beside_its_writes_starts_no_claim_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second database thread starts with the first claim beside a round's writes,
+    and not at all without one: closing the worker does not start it just to close a
+    connection it never opened. (Nothing to claim: the rounds write nothing.)"""
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def record(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", record)
+    _run_worker("thread")
+    assert any(name.startswith("leasejobs-db_") for name in started), started
+    assert not any(name.startswith("leasejobs-db-claim") for name in started), started
