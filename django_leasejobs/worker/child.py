@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import faulthandler
 import os
 import pickle
 import queue
@@ -46,6 +45,7 @@ from django.db import close_old_connections, connections
 
 from ..serialization import depth_limits
 from ..tracing import flush_spans
+from . import stacks
 from .execution import (
     JobSpec,
     LostFlag,
@@ -329,7 +329,7 @@ def child_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     # ``kill -USR1 <slot pid>``: every thread's stack to standard error (a slot that hangs).
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.signal(signal.SIGUSR1, stacks.print_stacks)
     # Connections inherited from the parent belong to the parent: forget them unclosed.
     for alias in connections:
         connections[alias].connection = None  # type: ignore[union-attr]

@@ -28,7 +28,6 @@ loop, and tell it what they found through its inbox (``inbox.py``).
 
 from __future__ import annotations
 
-import faulthandler
 import logging
 import signal
 import threading
@@ -41,6 +40,7 @@ from .. import registry
 from ..backend import LeaseJobsBackend
 from ..compat import task_backends
 from ..leases import storable_text
+from . import stacks
 from .alert_watch import AlertWatch
 from .config import WorkerConfig, default_worker_id
 from .dispatch import Dispatcher
@@ -196,8 +196,7 @@ class Worker:
         registry.autodiscover(self.options.imports)
         # ``kill -USR1 <worker pid>``: every thread's stack to standard error (a worker
         # that hangs); its slots answer the same signal for themselves.
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
-        previous = install_stop_signals(self._on_signal)
+        previous = {**stacks.install(), **install_stop_signals(self._on_signal)}
         self.pool.start()  # fork the slots before any other thread exists
         try:
             sent = time.monotonic()
@@ -225,7 +224,6 @@ class Worker:
                 thread.join(timeout=5)
             self.registration.deregister()
             restore_signals(previous)
-            faulthandler.unregister(signal.SIGUSR1)
             self.inbox.close()
             self.reporter.worker_stopped(self.book.finished)
         return 0

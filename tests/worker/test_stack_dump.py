@@ -10,13 +10,15 @@ from collections.abc import Callable
 
 import pytest
 
+from django_leasejobs.models import Job, JobStatus
+from tests import tasks
 from tests.waiting import wait_until
 from tests.worker_harness import WorkerProcess, Workers
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 DUMP = "most recent call first"
-"""What faulthandler prints above each thread's stack."""
+"""What a stack print shows above each thread's stack (``faulthandler``'s layout)."""
 
 
 def _dumped(worker: WorkerProcess, pid: int, shows: Callable[[str], bool]) -> None:
@@ -54,5 +56,39 @@ def test_sigusr1_prints_the_stacks_and_the_worker_goes_on(workers: Workers, pool
         _dumped(worker, slot, lambda output: "child_main" in output)
         assert worker.slot_pids() == [slot]  # the slot lives on
     assert worker.popen.poll() is None
+    worker.terminate()
+    assert worker.wait(timeout=30) == 0, worker.output
+
+
+@pytest.mark.parametrize("pool", ["process", "thread"])
+def test_many_stack_prints_while_the_worker_runs_jobs_crash_nothing(
+    workers: Workers, pool: str
+) -> None:
+    """The stacks are printed from the main thread with the interpreter's view of every
+    thread, never read from threads as they run (``faulthandler`` did that, and a worker
+    whose other thread was importing a module at that moment died of SIGSEGV): prints
+    one after another while the worker starts and runs jobs leave it and its slot alive."""
+    worker = workers.start(args=["--pool", pool, "--concurrency", "1"])
+    for n in range(300):
+        tasks.add.enqueue(n, n)
+    pids = [worker.pid, *worker.slot_pids()]
+    for _ in range(15):
+        for pid in pids:
+            printed = worker.output.count(DUMP)
+            os.kill(pid, signal.SIGUSR1)
+            wait_until(
+                lambda printed=printed: (
+                    worker.popen.poll() is not None or worker.output.count(DUMP) > printed
+                ),
+                30,
+                what=lambda: f"a stack print; the worker printed:\n{worker.output}",
+            )
+            assert worker.popen.poll() is None, worker.output
+    assert worker.slot_pids() == pids[1:]
+    wait_until(
+        lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 300,
+        60,
+        what="the jobs to run",
+    )
     worker.terminate()
     assert worker.wait(timeout=30) == 0, worker.output
