@@ -300,7 +300,7 @@ def _sqlite_write_lock(path: str) -> sqlite3.Connection:
 
 
 def _stack_shows(worker: WorkerProcess, function: str) -> bool:
-    """Whether the worker's threads' stacks, printed on SIGUSR1 (faulthandler), show
+    """Whether the worker's threads' stacks, printed on SIGUSR1 (worker/stacks.py), show
     ``function``; asks for a new print at each call. (SQLite shows no lock waits: the
     stack is where a worker waiting in its busy timeout can be seen.)"""
     if function in worker.output:
