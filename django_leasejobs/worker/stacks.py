@@ -21,7 +21,15 @@ from types import FrameType
 
 def print_stacks(signum: int, frame: FrameType | None) -> None:
     """The signal handler: each thread's stack, most recent call first, in
-    ``faulthandler``'s layout (with the thread's name)."""
+    ``faulthandler``'s layout (with the thread's name). It never raises: it runs inside
+    whatever the main thread was doing (the worker's main loop, a slot's job), which
+    may itself be writing to standard error (a reentrant write raises RuntimeError)."""
+    with contextlib.suppress(Exception):
+        sys.stderr.write(_stacks())
+        sys.stderr.flush()
+
+
+def _stacks() -> str:
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     lines: list[str] = []
     for ident, top in sys._current_frames().items():
@@ -29,9 +37,7 @@ def print_stacks(signum: int, frame: FrameType | None) -> None:
         stack = traceback.StackSummary.extract(traceback.walk_stack(top), lookup_lines=False)
         lines.extend(f'  File "{f.filename}", line {f.lineno} in {f.name}\n' for f in stack)
         lines.append("\n")
-    with contextlib.suppress(OSError, ValueError):  # (standard error closed)
-        sys.stderr.write("".join(lines))
-        sys.stderr.flush()
+    return "".join(lines)
 
 
 def install() -> dict[int, object]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 
 import pytest
 
 from django_leasejobs.models import Job, JobStatus
+from django_leasejobs.worker import stacks
 from tests import tasks
 from tests.waiting import wait_until
 from tests.worker_harness import WorkerProcess, Workers
@@ -92,3 +94,20 @@ def test_many_stack_prints_while_the_worker_runs_jobs_crash_nothing(
     )
     worker.terminate()
     assert worker.wait(timeout=30) == 0, worker.output
+
+
+def test_a_print_that_cannot_be_written_raises_nothing_into_the_main_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The handler runs inside whatever the main thread was doing, which may be writing
+    to standard error itself (a reentrant write raises RuntimeError): nothing reaches it."""
+
+    class Busy:
+        def write(self, text: str) -> int:
+            raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stderr>'>")
+
+        def flush(self) -> None:
+            raise RuntimeError("reentrant call")
+
+    monkeypatch.setattr(sys, "stderr", Busy())
+    stacks.print_stacks(signal.SIGUSR1, None)  # (raises nothing)
