@@ -22,6 +22,7 @@ from ..functions import DatabaseNow
 from ..models import Worker as WorkerRow
 from ..models import WorkerState
 from ..schema import wait_until_ready
+from . import stacks
 
 logger = logging.getLogger("django_leasejobs")
 
@@ -155,10 +156,12 @@ def _with_reconnect(who: Registration, what: str, write: Callable[[], object]) -
                 )
 
 
-def install_stop_signals(handler: Handler) -> dict[int, object]:
-    """Route SIGTERM, SIGINT and SIGHUP to ``handler``; what was there before, to put
-    back. Only the main thread can: under ``--reload`` the worker runs in a thread of
-    Django's autoreloader, which handles the signals itself (nothing is installed)."""
+def install_signal_handlers(stop: Handler) -> dict[int, object]:
+    """Route SIGTERM, SIGINT and SIGHUP to ``stop`` and SIGUSR1 to the stack print
+    (``kill -USR1 <worker pid>``: every thread's stack to standard error, a worker that
+    hangs); what was there before, to put back. Only the main thread can: under
+    ``--reload`` the worker runs in a thread of Django's autoreloader, which handles the
+    signals itself (nothing is installed)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
     # SIGHUP (the terminal closed) stops gracefully too, unless it was ignored when the
@@ -166,7 +169,9 @@ def install_stop_signals(handler: Handler) -> dict[int, object]:
     stops = [signal.SIGTERM, signal.SIGINT]
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
         stops.append(signal.SIGHUP)
-    return {s: signal.signal(s, handler) for s in stops}
+    previous: dict[int, object] = {s: signal.signal(s, stop) for s in stops}
+    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, stacks.print_stacks)
+    return previous
 
 
 def restore_signals(previous: dict[int, object]) -> None:

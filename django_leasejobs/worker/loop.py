@@ -40,7 +40,6 @@ from .. import registry
 from ..backend import LeaseJobsBackend
 from ..compat import task_backends
 from ..leases import storable_text
-from . import stacks
 from .alert_watch import AlertWatch
 from .config import WorkerConfig, default_worker_id
 from .dispatch import Dispatcher
@@ -62,7 +61,7 @@ from .inbox import (
 )
 from .jobs import JobBook
 from .lease_length import LeaseLength
-from .lifecycle import Registration, harden_connections, install_stop_signals, restore_signals
+from .lifecycle import Registration, harden_connections, install_signal_handlers, restore_signals
 from .listener import Listener
 from .pools import Pool, ProcessPool, ThreadPool
 from .recorder import Recorder
@@ -194,9 +193,8 @@ class Worker:
 
     def run(self) -> int:
         registry.autodiscover(self.options.imports)
-        # ``kill -USR1 <worker pid>``: every thread's stack to standard error (a worker
-        # that hangs); its slots answer the same signal for themselves.
-        previous = {**stacks.install(), **install_stop_signals(self._on_signal)}
+        # Its slots answer ``kill -USR1`` (the stack print) for themselves.
+        previous = install_signal_handlers(self._on_signal)
         self.pool.start()  # fork the slots before any other thread exists
         try:
             sent = time.monotonic()

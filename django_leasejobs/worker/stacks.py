@@ -12,7 +12,6 @@ once).
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 import threading
 import traceback
@@ -38,12 +37,3 @@ def _stacks() -> str:
         lines.extend(f'  File "{f.filename}", line {f.lineno} in {f.name}\n' for f in stack)
         lines.append("\n")
     return "".join(lines)
-
-
-def install() -> dict[int, object]:
-    """Print the stacks on SIGUSR1; what was there before, to put back. Only the main
-    thread can install a handler: under ``--reload`` the worker runs in a thread of
-    Django's autoreloader, and nothing is installed."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {signal.SIGUSR1: signal.signal(signal.SIGUSR1, print_stacks)}
