@@ -3,7 +3,8 @@
 Every ``HEARTBEAT_INTERVAL`` it touches the worker's registry row (every beat while the
 worker holds a lease or its state changed, every ``IDLE_TOUCH_BEATS`` beats otherwise)
 and, while the worker holds no lease and listens for ``NOTIFY``, looks up when the next
-job of its queues comes due (posted as ``NextDue``, the loop's safety poll). Every
+job of its queues comes due (posted as ``NextDue``, the loop's safety poll), leaving out
+the tasks the worker stands aside from (``WorkerStatus.skip_tasks``). Every
 ``STALE_LOCK_INTERVAL`` seconds (``0``: never) it runs the reap pass of ``manage.py
 reap_stale_locks``: jobs whose lease expired go back to ``pending`` (or end, after too
 many stalls), so crashed workers' jobs come back without a cron job. What falls on one
@@ -87,7 +88,10 @@ class Housekeeping(WorkerThread):
                 if look:
                     due = NextDue(
                         leases.seconds_to_next_due(
-                            ctx.backend.alias, ctx.queues, using=ctx.database
+                            ctx.backend.alias,
+                            ctx.queues,
+                            skip_tasks=status.skip_tasks,
+                            using=ctx.database,
                         )
                     )
         except DatabaseError as exc:

@@ -344,6 +344,7 @@ class Worker:
             state="stopping" if self.shutdown.stopping else "running",
             problem=self.problem,
             listening=self.listening,
+            skip_tasks=self.recorder.skipped_tasks(),
         )
         if status != self.status.read():
             self.status.publish(status)

@@ -72,6 +72,15 @@ class Recorder:
 
     # -- planning a round ---------------------------------------------------------------
 
+    def skipped_tasks(self) -> tuple[str, ...]:
+        """The tasks whose jobs this worker stands aside from now (a rolling deploy's
+        jobs of tasks it does not know): its claims and next-due lookups skip them."""
+        if not self._standing_aside:
+            return ()
+        now = time.monotonic()
+        self._standing_aside = {t: end for t, end in self._standing_aside.items() if end > now}
+        return tuple(sorted(self._standing_aside))
+
     def plan(self, claim_limit: int, *, ahead: bool = False) -> RoundPlan:
         """The next round: up to ``MAX_ROUND_WRITES`` queued outcomes and the claim; or,
         while suspects wait (``ISOLATE_AFTER``), a group of them without a claim.
@@ -80,10 +89,7 @@ class Recorder:
         # Earlier attempts' rows are only for receivers of the site's: Django's own log
         # receiver reads none of them.
         plan = RoundPlan(claim_limit=claim_limit, history=has_other_receivers(task_finished))
-        if self._standing_aside:
-            now = time.monotonic()
-            self._standing_aside = {t: end for t, end in self._standing_aside.items() if end > now}
-            plan.skip_tasks = tuple(sorted(self._standing_aside))
+        plan.skip_tasks = self.skipped_tasks()
         ready: list[tuple[RunningJob, Write]] = []
         for item in [item for item in self.writes if item[0].write_failures and not ahead]:
             running = item[0]

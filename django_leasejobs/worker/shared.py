@@ -221,6 +221,8 @@ class WorkerStatus:
     """``running`` or ``stopping``"""
     problem: str = ""
     listening: bool = False
+    skip_tasks: tuple[str, ...] = ()
+    """the tasks it stands aside from (``Recorder.skipped_tasks``): idle lookups skip them"""
 
 
 class StatusBoard:

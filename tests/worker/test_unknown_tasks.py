@@ -13,6 +13,7 @@ import importlib
 import os
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +25,10 @@ from django.db.models.functions import Now
 
 from django_leasejobs.models import Job, JobAttempt, JobStatus
 from django_leasejobs.worker import Worker
+from django_leasejobs.worker.housekeeping import Housekeeping
+from django_leasejobs.worker.inbox import NextDue
 from django_leasejobs.worker.rounds import RoundPlan
+from django_leasejobs.worker.shared import WorkerStatus
 from tests.helpers_leases import make_job
 from tests.waiting import wait_until
 
@@ -145,3 +149,27 @@ def test_the_jobs_a_worker_stands_aside_from_do_not_bring_its_next_look_forward(
     assert result.error is None
     assert result.claimed == []
     assert result.next_due is not None and 90 < result.next_due <= 100
+
+
+def test_the_idle_workers_safety_poll_leaves_the_tasks_it_stands_aside_from_out(
+    worker: Worker,
+) -> None:
+    """The same rule for the idle worker's safety poll, which the housekeeping thread
+    looks up on its beat: it reads the tasks to leave out from the main loop's published
+    status (``WorkerStatus.skip_tasks``, from ``Recorder.skipped_tasks``)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the next-due lookup is PostgreSQL's (elsewhere workers poll)")
+    make_job(task_path="app.tasks.new")
+    later = make_job()
+    Job.objects.filter(pk=later.pk).update(run_after=Now() + timedelta(seconds=100))
+    housekeeping = Housekeeping(worker.thread_context(), threading.Event())
+
+    def next_due(status: WorkerStatus) -> float | None:
+        worker.status.publish(status)
+        housekeeping.tick(beat=True, reap=False)
+        [due] = [m for m in worker.inbox.take() if isinstance(m, NextDue)]
+        return due.seconds
+
+    assert next_due(WorkerStatus(listening=True)) == pytest.approx(0, abs=1)
+    seconds = next_due(WorkerStatus(listening=True, skip_tasks=("app.tasks.new",)))
+    assert seconds is not None and 90 < seconds <= 100
