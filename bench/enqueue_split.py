@@ -102,23 +102,15 @@ def positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pgserver import add_server_options  # (bench/, beside this script)
+
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
     parser.add_argument("--calls", type=positive_int, help="timed calls per variant (3,000)")
     parser.add_argument("--rounds", type=positive_int, help="interleaved rounds (5)")
     parser.add_argument(
         "--smoke", action="store_true", help="100 calls, 1 round (an explicit size wins)"
     )
-    parser.add_argument(
-        "--private-server",
-        action="store_true",
-        help="a PostgreSQL of its own even when DATABASE_URL is set",
-    )
-    parser.add_argument(
-        "--fast-server",
-        action="store_true",
-        help="a PostgreSQL of its own with fsync and synchronous_commit off, as "
-        "bench/compare.py's embedded one: each call without the disk's flush",
-    )
+    add_server_options(parser, fast=True)
     parser.add_argument("--db-name", default="lj_enqueue_split")
     parser.add_argument("--keep", action="store_true", help="keep the database (and server)")
     parser.add_argument(
