@@ -90,19 +90,10 @@ SERVER_SETTINGS = ("server_version", "fsync", "synchronous_commit")
 # -- options -----------------------------------------------------------------------------
 
 
-def positive_int(text: str) -> int:
-    """An argparse ``type=``: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     from pgserver import add_server_options  # (bench/, beside this script)
+
+    from django_leasejobs.management.argtypes import positive_int  # (Django-free)
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
     parser.add_argument("--calls", type=positive_int, help="timed calls per variant (3,000)")
@@ -371,9 +362,10 @@ def run(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    # Before the options: their validators too come from this checkout's django_leasejobs.
     for path in (BENCH_DIR, REPO_ROOT / "testproject", REPO_ROOT):
         sys.path.insert(0, str(path))
+    args = parse_args(argv)
     from pgserver import bench_database, connect_admin, machine
 
     with bench_database(
