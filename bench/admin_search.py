@@ -99,6 +99,8 @@ ACTIONS = ("charge", "ship", "notify")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pgserver import add_server_options  # (bench/, beside this script)
+
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
     parser.add_argument("--jobs", type=int, default=None, help="jobs in the table (1,000,000)")
     parser.add_argument("--customers", type=int, default=0, help="jobs / 20 (>= 5,000)")
@@ -113,11 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="20,000 jobs, 3 runs, 1 round of 1,000: checks counts, judges nothing (CI)",
     )
-    parser.add_argument(
-        "--private-server",
-        action="store_true",
-        help="a PostgreSQL of its own even when DATABASE_URL is set",
-    )
+    add_server_options(parser)
     parser.add_argument("--db-name", default="leasejobs_search_bench")
     parser.add_argument("--keep", action="store_true", help="keep the database (and server)")
     parser.add_argument(

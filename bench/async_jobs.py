@@ -119,6 +119,8 @@ def parse_parts(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pgserver import add_server_options  # (bench/, beside this script)
+
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
     parser.add_argument("--jobs", type=int, default=None, help="async jobs (10,000; smoke 300)")
     parser.add_argument("--sync-jobs", type=int, default=None, help="sync jobs (40; smoke 6)")
@@ -142,11 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker-args", default="", help="more runworker arguments")
     parser.add_argument("--smoke", action="store_true", help="300 async and 6 sync jobs")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per drain")
-    parser.add_argument(
-        "--private-server",
-        action="store_true",
-        help="a PostgreSQL of its own even when DATABASE_URL is set",
-    )
+    add_server_options(parser)
     parser.add_argument("--db-name", default="async_jobs_bench")
     parser.add_argument("--keep", action="store_true", help="keep databases, server, work dir")
     parser.add_argument(

@@ -108,6 +108,8 @@ WHERE status = 'pending' AND last_error = '{DEAD_ERROR}'
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pgserver import add_server_options  # (bench/, beside this script)
+
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
     parser.add_argument("--jobs", type=int, default=None, help="jobs in the table (1,000,000)")
     parser.add_argument("--dead-every", type=int, default=10, help="one job in N is dead (10)")
@@ -117,11 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--smoke", action="store_true", help="20,000 jobs, batch sizes 500 and 2000 (CI)"
     )
-    parser.add_argument(
-        "--private-server",
-        action="store_true",
-        help="a PostgreSQL of its own even when DATABASE_URL is set",
-    )
+    add_server_options(parser)
     parser.add_argument("--db-name", default="leasejobs_bulk_bench")
     parser.add_argument("--keep", action="store_true", help="keep the database (and server)")
     parser.add_argument(

@@ -354,6 +354,8 @@ def parse_peer(text: str) -> tuple[str, Path]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pgserver import add_server_options  # (bench/, beside this script)
+
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
     parser.add_argument("--jobs", type=int, default=None, help="no-op jobs per drain (20,000)")
     parser.add_argument("--databases", type=parse_list(DATABASES), default=None)
@@ -366,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--smoke", action="store_true", help="1,000 jobs, process-4, PostgreSQL")
     parser.add_argument("--no-profile", action="store_true", help="CPU figures only, no py-spy")
-    parser.add_argument("--private-server", action="store_true", help="ignore DATABASE_URL")
+    add_server_options(parser)
     parser.add_argument("--mariadb-url", default="mysql://root@127.0.0.1:3306/")
     parser.add_argument("--peer", type=parse_peer, action="append", default=[])
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per drain")

@@ -9,7 +9,7 @@ call, seven variants that each add one layer on the way from that INSERT to
    reference), raw psycopg 3 in autocommit, ``prepare_threshold`` None (never prepared,
    as Django's default), with the job's backend, queue, task path and JSON arguments;
 2. ``statement``: the statement ``django_leasejobs.leases.insert_job`` sends, built by
-   ``enqueue.py``'s own ``_insert_notify_sql`` and ``_producer_values`` from the backend's
+   the function it calls, ``enqueue.py``'s ``insert_statement``, from the backend's
    ``_job_fields(task, args, kwargs)``, on the same raw connection;
 3. ``statement, no NOTIFY``: the same without the ``pg_notify`` in its ``RETURNING``;
 4. ``statement as a CTE``: ``WITH inserted AS (INSERT ... RETURNING id, enqueued_at,
@@ -90,35 +90,18 @@ SERVER_SETTINGS = ("server_version", "fsync", "synchronous_commit")
 # -- options -----------------------------------------------------------------------------
 
 
-def positive_int(text: str) -> int:
-    """An argparse ``type=``: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from pgserver import add_server_options  # (bench/, beside this script)
+
+    from django_leasejobs.management.argtypes import positive_int  # (Django-free)
+
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
     parser.add_argument("--calls", type=positive_int, help="timed calls per variant (3,000)")
     parser.add_argument("--rounds", type=positive_int, help="interleaved rounds (5)")
     parser.add_argument(
         "--smoke", action="store_true", help="100 calls, 1 round (an explicit size wins)"
     )
-    parser.add_argument(
-        "--private-server",
-        action="store_true",
-        help="a PostgreSQL of its own even when DATABASE_URL is set",
-    )
-    parser.add_argument(
-        "--fast-server",
-        action="store_true",
-        help="a PostgreSQL of its own with fsync and synchronous_commit off, as "
-        "bench/compare.py's embedded one: each call without the disk's flush",
-    )
+    add_server_options(parser, fast=True)
     parser.add_argument("--db-name", default="lj_enqueue_split")
     parser.add_argument("--keep", action="store_true", help="keep the database (and server)")
     parser.add_argument(
@@ -158,37 +141,45 @@ class Statements:
     statement: str
     no_notify: str
     cte: str
-    values: list[object]
-    """The statement's values, the NOTIFY channel left out."""
+    params: list[object]
+    """The statement's values, the NOTIFY channel last (the CTE's too; without it, the
+    values of ``no_notify``)."""
     bare_values: list[object]
     """``BARE_INSERT``'s: the job's backend, queue, task path, args and kwargs."""
 
 
 def statements(row: NewJob) -> Statements:
-    """``insert_job``'s statement for ``row`` (built as it builds it) and its variants."""
+    """``insert_job``'s statement for ``row`` (``leases.enqueue.insert_statement``, which
+    ``insert_job`` sends) and the two variants made from it."""
     from django.db import connections
 
-    from django_leasejobs.leases.enqueue import _insert_notify_sql, _producer_values
+    from django_leasejobs.leases import NOTIFY_CHANNEL
+    from django_leasejobs.leases.enqueue import insert_statement
 
     quote = connections[ALIAS].ops.quote_name
-    producer = _producer_values(row)
-    values = [*producer, row.run_after]
-    unset = tuple([value is None for value in values])
-    statement = _insert_notify_sql(ALIAS, unset)
+    statement = insert_statement(row, notify=NOTIFY_CHANNEL, using=ALIAS)
     returning = f"{quote('id')}, {quote('enqueued_at')}"
     notify = f"pg_notify(%s, {quote('queue')})"
-    insert, _, tail = statement.partition(" RETURNING ")
+    insert, _, tail = statement.sql.partition(" RETURNING ")
+    # The variants below cut the NOTIFY out of this RETURNING (and its channel, the last
+    # value, out of the values): a RETURNING of another shape needs them rewritten.
     if tail != f"{returning}, {notify}":
-        raise SystemExit(f"insert_job's statement changed shape, update this bench: {statement}")
+        raise SystemExit(f"insert_job's RETURNING changed, update this bench: {statement.sql}")
     return Statements(
-        statement=statement,
+        statement=statement.sql,
         no_notify=f"{insert} RETURNING {returning}",
         cte=(
             f"WITH inserted AS ({insert} RETURNING {returning}, {quote('queue')}) "
             f"SELECT id, enqueued_at, {notify} FROM inserted"
         ),
-        values=[value for value in values if value is not None],
-        bare_values=producer[:5],
+        params=statement.params,
+        bare_values=[
+            row.backend,
+            row.queue,
+            row.task_path,
+            json.dumps(row.args),
+            json.dumps(row.kwargs),
+        ],
     )
 
 
@@ -214,12 +205,11 @@ def variants(conn: psycopg.Connection[tuple[Any, ...]], task: AnyTask) -> list[V
     assert isinstance(backend, LeaseJobsBackend), backend
     row = backend._job_fields(task, TASK_ARGS, {})
     sql = statements(row)
-    with_channel = [*sql.values, leases.NOTIFY_CHANNEL]
     return [
         raw_variant("bare", conn, BARE_INSERT, sql.bare_values),
-        raw_variant("statement", conn, sql.statement, with_channel),
-        raw_variant("statement, no NOTIFY", conn, sql.no_notify, sql.values),
-        raw_variant("statement as a CTE", conn, sql.cte, with_channel),
+        raw_variant("statement", conn, sql.statement, sql.params),
+        raw_variant("statement, no NOTIFY", conn, sql.no_notify, sql.params[:-1]),
+        raw_variant("statement as a CTE", conn, sql.cte, sql.params),
         Variant(
             "insert_job",
             lambda: leases.insert_job(row, notify=leases.NOTIFY_CHANNEL, using=ALIAS),
@@ -372,9 +362,10 @@ def run(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    # Before the options: their validators too come from this checkout's django_leasejobs.
     for path in (BENCH_DIR, REPO_ROOT / "testproject", REPO_ROOT):
         sys.path.insert(0, str(path))
+    args = parse_args(argv)
     from pgserver import bench_database, connect_admin, machine
 
     with bench_database(

@@ -54,7 +54,14 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from pgserver import PrivateServer, create_database, drop_database, stop_workers, with_database
+from pgserver import (
+    PrivateServer,
+    add_server_options,
+    create_database,
+    drop_database,
+    stop_workers,
+    with_database,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MARK = "leasejobs-bench idle.py"
@@ -128,9 +135,7 @@ def main() -> int:
         metavar="K",
         help="busy instead of idle: K sleeping jobs per worker (--concurrency K)",
     )
-    parser.add_argument(
-        "--private-server", action="store_true", help="run on a PostgreSQL of its own"
-    )
+    add_server_options(parser)
     args = parser.parse_args()
     server = PrivateServer(5 * args.workers + 20) if args.private_server else None
     try:

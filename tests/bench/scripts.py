@@ -16,7 +16,11 @@ BENCH_DIR = REPO_ROOT / "bench"
 
 
 def load_bench(name: str) -> ModuleType:
-    """``bench/<name>.py`` as the module ``bench_<name>``."""
+    """``bench/<name>.py`` as the module ``bench_<name>``, with bench/ on ``sys.path``
+    (last) as when the script runs: its functions import their siblings by name, such as
+    ``build_parser`` ``pgserver`` (``add_server_options``)."""
+    if str(BENCH_DIR) not in sys.path:
+        sys.path.append(str(BENCH_DIR))
     return load_file(BENCH_DIR / f"{name}.py", f"bench_{name}")
 
 

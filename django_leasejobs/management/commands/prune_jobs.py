@@ -7,8 +7,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError
 
-from ...pruning import parse_age, prune, statuses_for
-from ..argtypes import positive_int
+from ...pruning import prune, statuses_for
+from ..argtypes import parse_age, positive_int
 from ..backends import database_failure, get_leasejobs_backend
 
 
