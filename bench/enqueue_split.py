@@ -36,7 +36,8 @@ variant's: the goal is ``task.enqueue()`` at 0.8 or more).
 Server: ``DATABASE_URL``'s (its database is only the admin connection), or with
 ``--private-server`` or without ``DATABASE_URL`` a throwaway PostgreSQL of its own
 (``bench/pgserver.py``, production settings: ``fsync`` and ``synchronous_commit`` on, as
-on the machine's shared server; ``--fast-server``: both off, as ``bench/compare.py``'s
+on the machine's shared server; ``--fast-server``: both off, and ``full_page_writes``,
+as ``bench/compare.py``'s
 embedded server, so that the disk's flush of each commit, the same in every variant,
 does not pull the ratios toward 1). Either way the bench creates its own database,
 ``--db-name`` (default ``lj_enqueue_split``), marked with a comment, refuses to drop a
