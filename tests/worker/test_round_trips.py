@@ -55,7 +55,10 @@ def counter() -> Iterator[StatementCounter]:
     counting = StatementCounter()
 
     def install(sender: Any, connection: Any, **kwargs: Any) -> None:
-        connection.execute_wrappers.append(counting)
+        # Once per connection object: the test's own connection reconnects during the
+        # test (the worker closes it) and keeps its wrappers across reconnections.
+        if counting not in connection.execute_wrappers:
+            connection.execute_wrappers.append(counting)
 
     connection_created.connect(install)
     connection.ensure_connection()
@@ -64,7 +67,8 @@ def counter() -> Iterator[StatementCounter]:
         yield counting
     finally:
         connection_created.disconnect(install)
-        connection.execute_wrappers.remove(counting)
+        while counting in connection.execute_wrappers:
+            connection.execute_wrappers.remove(counting)
 
 
 def _run_worker(pool: str) -> Worker:

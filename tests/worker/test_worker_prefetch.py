@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from django_leasejobs.compat import task_backends
 from django_leasejobs.models import Job, JobAttempt, JobStatus
@@ -118,6 +119,12 @@ def test_a_worker_frozen_past_its_leases_never_starts_a_prefetched_job(
     # Found by the chaos soak: a worker SIGSTOPped for longer than its lease resumed and
     # handed a prefetched job to the slot freed meanwhile, before its watchdog noticed the
     # lease was gone, so a job another worker had already run ran again.
+    if connection.vendor == "sqlite":
+        # One writer per SQLite file: a worker frozen inside a write (a renewal) keeps the
+        # file locked until it resumes, so no reaper can take its jobs meanwhile (the
+        # "database is locked" of a CI run). The worker's side of the rule is the same
+        # on every database and is tested on PostgreSQL and MariaDB.
+        pytest.skip("a frozen worker can hold SQLite's one write lock for the whole freeze")
     from django_leasejobs import leases
 
     # Leases of 5 s: short enough to run out while the worker is frozen, long enough for
