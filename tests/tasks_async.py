@@ -81,6 +81,35 @@ async def spins_the_loop(context: Any, marker_dir: str, name: str, seconds: floa
         pass
 
 
+_TURN_ROLES = ("brief", "spin")
+_turn_gates: dict[str, dict[str, asyncio.Future[None]]] = {}
+
+
+@task(takes_context=True, max_attempts=1)
+async def holds_the_loop_in_turn(
+    context: Any, marker_dir: str, name: str, group: str, role: str, seconds: float
+) -> None:
+    """Two jobs of one ``group`` on one slot's loop wait for each other (at attempt 1),
+    then take the loop in one turn of it, with no tick between: the ``brief`` one blocks
+    it ``seconds`` with a blocking call and ends; the ``spin`` one then spins on it
+    ``seconds``."""
+    _mark(marker_dir, f"{name}.starts", f"{context.job_id} {context.attempt} {role}")
+    if context.attempt == 1:  # (a second attempt runs alone: it waits for nobody)
+        loop = asyncio.get_running_loop()
+        gate = _turn_gates.setdefault(group, {})
+        gate[role] = mine = loop.create_future()
+        if len(gate) == len(_TURN_ROLES):
+            # Woken in this order, by one callback: both steps run in the same turn.
+            loop.call_soon(lambda: [gate[each].set_result(None) for each in _TURN_ROLES])
+        await mine
+    if role == "brief":
+        time.sleep(seconds)  # a short block, as a missed tick on a busy machine looks
+        return
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # the fault under test
+        pass
+
+
 @task(takes_context=True, max_attempts=1)
 async def holds_the_gil(context: Any, marker_dir: str, name: str, count: int) -> int:
     """One native call that holds the GIL throughout (``sum`` over a ``range``, in C):

@@ -82,11 +82,10 @@ pipe may fill up, and the parent must come and read it."""
     LOOP_NS,
     BLOCKED_NS,
     BLAMED_JOB,
-    BLAMED_ATTEMPT,
     LOOP_THREAD,
-) = range(9)
+) = range(8)
 """Indexes into :attr:`SlotState.values`."""
-SLOT_VALUES = 9
+SLOT_VALUES = 8
 
 MSG_CANCEL = "cancel"
 """Parent -> child: ``(MSG_CANCEL, lease)``, deliver ``CancelledError`` to that job's
@@ -96,10 +95,12 @@ LOOP_TICK = 0.05
 """How often a slot's event loop marks that it runs (``values[LOOP_NS]``), and its
 monitor looks: a loop that did not mark since the monitor's last look is held, for as
 long as the monitor saw (``values[BLOCKED_NS]``), by the job it names
-(``values[BLAMED_JOB]``, ``BLAMED_ATTEMPT``); the parent kills the slot once that passes
-``ASYNC_BLOCKING_LIMIT``. The loop's thread's id (``values[LOOP_THREAD]``, the kernel's)
-lets the parent see that thread busy while the loop does not tick: a native call that
-holds the GIL starves the monitor (``pools/busy.py``)."""
+(``values[BLAMED_JOB]``: the id of the job whose step held the loop at the last look;
+a slot runs one attempt of a job at a time, so the parent knows which); the parent
+kills the slot once that passes ``ASYNC_BLOCKING_LIMIT``. The loop's thread's id
+(``values[LOOP_THREAD]``, the kernel's) lets the parent see that thread busy while the
+loop does not tick: a native call that holds the GIL starves the monitor
+(``pools/busy.py``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +116,7 @@ class SlotState:
     for new jobs only once the child has passed every job taken back: a job taken back
     never starts). Both sides write them only while holding ``lock``. The event loop's
     mark (``values[LOOP_NS]``), how long it has been held (``values[BLOCKED_NS]``) and
-    by which job (``values[BLAMED_JOB]``, ``values[BLAMED_ATTEMPT]``; 0: none), and the
+    by which job (``values[BLAMED_JOB]``; 0: none), and the
     loop's thread (``values[LOOP_THREAD]``) are written by the child alone, without it.
     """
 
@@ -217,8 +218,14 @@ class SlotLoop:
     def _monitor(self) -> None:
         """Every ``LOOP_TICK``: if the loop did not tick since the last look, add the time
         since then (at most two ticks: a process the machine did not run for a while
-        holds no loop) to ``BLOCKED_NS``, and blame the task whose step runs; else
-        clear both."""
+        holds no loop) to ``BLOCKED_NS``, and blame the job whose step runs now; else
+        clear both.
+
+        The blame is looked at again at every look, not kept from the first: on a busy
+        machine the loop may miss a tick while a sound job's step runs, and the step
+        that then holds the loop for good may be another job's, in the same turn of the
+        loop (no tick between them). A look that finds no job's step running (the loop
+        in its own callbacks) keeps the last blame."""
         values = self.state.values
         tick_ns = int(LOOP_TICK * 1e9)
         last_mark, last_look, blocked = values[LOOP_NS], time.monotonic_ns(), 0
@@ -227,17 +234,15 @@ class SlotLoop:
             now, mark = time.monotonic_ns(), values[LOOP_NS]
             if mark != last_mark:
                 last_mark, blocked = mark, 0
-                values[BLOCKED_NS] = values[BLAMED_JOB] = values[BLAMED_ATTEMPT] = 0
+                values[BLOCKED_NS] = values[BLAMED_JOB] = 0
             else:
                 blocked += min(now - last_look, 2 * tick_ns)
-                if not values[BLAMED_JOB]:
-                    # Read from this thread: the task whose step runs now (it cannot
-                    # change while the loop is held in it).
-                    current = asyncio.current_task(self.loop)
-                    lease = _lease_of(current.get_name()) if current is not None else None
-                    if lease is not None:
-                        values[BLAMED_ATTEMPT] = lease[1]
-                        values[BLAMED_JOB] = lease[0]
+                # Read from this thread: the task whose step runs now (it cannot
+                # change while the loop is held in it).
+                current = asyncio.current_task(self.loop)
+                lease = _lease_of(current.get_name()) if current is not None else None
+                if lease is not None:
+                    values[BLAMED_JOB] = lease[0]
                 values[BLOCKED_NS] = blocked
             last_look = now
 

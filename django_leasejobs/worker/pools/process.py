@@ -23,7 +23,6 @@ from django.db import connections
 
 from ...tracing import preload
 from ..child import (
-    BLAMED_ATTEMPT,
     BLAMED_JOB,
     BLOCKED_NS,
     LIMIT,
@@ -532,13 +531,16 @@ class ProcessPool:
         if blocked <= self.async_blocking_limit:
             nearest = min(slot.cancels.values(), default=math.inf) - now
             return max(0.0, min(LOOP_LOOK, self.async_blocking_limit - blocked, nearest))
-        job, attempt = int(values[BLAMED_JOB]), int(values[BLAMED_ATTEMPT])
-        if not job and len(slot.queue) == 1:  # the monitor could not look: the only job
-            job, attempt = slot.queue[0][1]
+        blamed = int(values[BLAMED_JOB])
+        # A slot runs one attempt of a job at a time: the queue says which.
+        culprit = next((lease for _, lease in slot.queue if lease[0] == blamed), None)
+        if culprit is None and len(slot.queue) == 1:  # the monitor could not look
+            culprit = slot.queue[0][1]
         how = f"blocked the slot's event loop for {blocked:.1f}s"
         limit = f"ASYNC_BLOCKING_LIMIT {self.async_blocking_limit:g}s"
-        if job:
-            slot.culprit = ((job, attempt), f"job {job} (attempt {attempt}) {how} ({limit})")
+        if culprit is not None:
+            job, attempt = culprit
+            slot.culprit = (culprit, f"job {job} (attempt {attempt}) {how} ({limit})")
         else:
             slot.fault = f"a job {how} ({limit}); which one is unknown (the monitor could not look)"
         self._signal_group(slot, signal.SIGKILL)
