@@ -10,6 +10,7 @@ renewing it, and the reaper takes the job back when its lease expires.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -63,6 +64,11 @@ class Recorder:
         self._standing_aside: dict[str, float] = {}
         """Task paths this worker does not know, each until when (monotonic) its claims
         leave their jobs alone (``leases.Deferred.stand_aside``)."""
+        self._skipped: tuple[str, ...] = ()
+        """``_standing_aside``'s tasks, sorted, as the main loop and each round read them
+        (built again only once one of them ends, or one is added)."""
+        self._skipped_until = math.inf
+        """When the first of them ends (monotonic)."""
 
     def record(self, running: RunningJob, what: Write) -> None:
         """Queue how an attempt ended; the next database round writes it (fenced)."""
@@ -75,11 +81,15 @@ class Recorder:
     def skipped_tasks(self) -> tuple[str, ...]:
         """The tasks whose jobs this worker stands aside from now (a rolling deploy's
         jobs of tasks it does not know): its claims and next-due lookups skip them."""
-        if not self._standing_aside:
-            return ()
         now = time.monotonic()
-        self._standing_aside = {t: end for t, end in self._standing_aside.items() if end > now}
-        return tuple(sorted(self._standing_aside))
+        if now >= self._skipped_until:
+            self._stand_aside({t: end for t, end in self._standing_aside.items() if end > now})
+        return self._skipped
+
+    def _stand_aside(self, until: dict[str, float]) -> None:
+        self._standing_aside = until
+        self._skipped = tuple(sorted(until))
+        self._skipped_until = min(until.values(), default=math.inf)
 
     def plan(self, claim_limit: int, *, ahead: bool = False) -> RoundPlan:
         """The next round: up to ``MAX_ROUND_WRITES`` queued outcomes and the claim; or,
@@ -255,8 +265,8 @@ class Recorder:
                     aside,
                 )
                 task_path = running.job.task_path
-                end = time.monotonic() + aside
-                self._standing_aside[task_path] = max(self._standing_aside.get(task_path, 0), end)
+                end = max(self._standing_aside.get(task_path, 0), time.monotonic() + aside)
+                self._stand_aside({**self._standing_aside, task_path: end})
                 self.book.forget(running, ran=False)
             elif lease in deferred.dead.written:
                 error = ErrorInfo(UNKNOWN_TASK_ERROR_CLASS, ending.description)

@@ -7,12 +7,13 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 
 from django.db import OperationalError
 
 from django_leasejobs.backend import LeaseJobsBackend
 from django_leasejobs.compat import task_backends
-from django_leasejobs.leases import ClaimedJob, Progress
+from django_leasejobs.leases import ClaimedJob, Deferred, Progress, WriteResult
 from django_leasejobs.worker.execution import Outcome
 from django_leasejobs.worker.inbox import (
     CancelRequested,
@@ -24,8 +25,9 @@ from django_leasejobs.worker.inbox import (
 from django_leasejobs.worker.jobs import JobBook, RunningJob
 from django_leasejobs.worker.recorder import GIVE_UP_ALONE, ISOLATE_AFTER, Recorder
 from django_leasejobs.worker.reporter import Reporter
-from django_leasejobs.worker.rounds import RoundPlan, RoundResult
+from django_leasejobs.worker.rounds import Ending, RoundPlan, RoundResult
 from django_leasejobs.worker.shared import LeaseTable, StatusBoard, WorkerStatus
+from tests.waiting import wait_until
 
 LEASE = 4.0
 DEADLINE = LEASE - 1.0
@@ -305,3 +307,38 @@ def test_a_message_about_an_old_entry_does_not_touch_a_new_one() -> None:
     assert table.generation((1, 1)) != old
     table.renewed({(1, 1): old}, at=300.0, seconds=LEASE)  # a renewal of the old entry
     assert table.renewed_at((1, 1)) == 200.0
+
+
+def _deferred_unknown(
+    recorder: Recorder, book: JobBook, job_id: int, task: str, aside: float
+) -> None:
+    """One job of ``task``, which the worker does not know, given back by a round that
+    tells the worker to stand aside from the task for ``aside`` seconds."""
+    running = _finished(book, recorder, job_id, time.monotonic())
+    recorder.writes.clear()
+    running.job = replace(running.job, task_path=task)
+    recorder.record(running, Ending("unknown", "no such task"))
+    plan = recorder.plan(claim_limit=0)
+    assert [r for r, _ in plan.deferrals] == [running]
+    lease = running.job.lease
+    deferred = Deferred(
+        delays={lease: 1.0},
+        stand_aside={lease: aside},
+        waited={lease: 0.0},
+        dead=WriteResult(written={}),
+    )
+    recorder.finish(plan, RoundResult(deferred=deferred))
+
+
+def test_the_tasks_a_worker_stands_aside_from_end_each_at_its_time() -> None:
+    recorder, book = _recorder()
+    assert recorder.skipped_tasks() == ()
+    _deferred_unknown(recorder, book, 1, "app.tasks.later", 60.0)
+    _deferred_unknown(recorder, book, 2, "app.tasks.brief", 0.2)
+    assert recorder.skipped_tasks() == ("app.tasks.brief", "app.tasks.later")
+    assert recorder.plan(claim_limit=5).skip_tasks == ("app.tasks.brief", "app.tasks.later")
+    wait_until(lambda: recorder.skipped_tasks() == ("app.tasks.later",), timeout=5)
+    assert recorder.plan(claim_limit=5).skip_tasks == ("app.tasks.later",)
+    # A task met again stands aside for the longer of its two spans.
+    _deferred_unknown(recorder, book, 3, "app.tasks.later", 0.1)
+    assert recorder.skipped_tasks() == ("app.tasks.later",)
