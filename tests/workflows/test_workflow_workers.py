@@ -69,10 +69,12 @@ TOGETHER_SQLITE = 0.1
 """The same on SQLite, where the second of two writes that meet waits for the first in
 its busy handler, which sleeps in steps of up to 100 ms (measured gaps, every pair met:
 median 20 ms, 90th percentile 50-75 ms)."""
-MOST_TOGETHER = 150
-"""Chords whose members must end together (of ``CHORDS``): 178 to 200 measured on a
-2-core machine with a load of 2 to 6, on every database in both pools; it leaves a
-margin."""
+MOST_TOGETHER = 100
+"""Chords whose members must end together (of ``CHORDS``), for the test to have raced
+the two settles often: 178 to 200 measured on a 2-core machine with a load of 2 to 6,
+on every database in both pools, but 137 in a CI rehearsal on a machine a quarter as
+fast with the other pipeline running beside it (thread pool, PostgreSQL): half of
+them still makes the race the common case."""
 
 
 @pytest.mark.parametrize("pool", ["process", "thread"])
