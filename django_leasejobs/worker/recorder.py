@@ -81,8 +81,9 @@ class Recorder:
     def skipped_tasks(self) -> tuple[str, ...]:
         """The tasks whose jobs this worker stands aside from now (a rolling deploy's
         jobs of tasks it does not know): its claims and next-due lookups skip them."""
-        now = time.monotonic()
-        if now >= self._skipped_until:
+        # (No clock read while the worker stands aside from nothing: the usual case, on
+        # every main-loop pass and round.)
+        if self._skipped and (now := time.monotonic()) >= self._skipped_until:
             self._stand_aside({t: end for t, end in self._standing_aside.items() if end > now})
         return self._skipped
 
