@@ -27,7 +27,7 @@ from tests import tasks_pipelining_hostile as hostile
 from tests import tasks_worker, tasks_worker_flow
 from tests import tasks_worker_poison as poison
 from tests.tasks_worker_flow import read_lines
-from tests.worker_harness import WorkerProcess, Workers
+from tests.worker_harness import PREFETCHING_OPTIONS, WorkerProcess, Workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -213,6 +213,7 @@ def _run_backlog(
     worker = workers.start(
         args=["--pool", pool, "--concurrency", "2", "--burst", "--log-level", "debug"],
         env=DEBUG_LOG,
+        options=PREFETCHING_OPTIONS,
     )
     assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
     return worker, bad, [job for job in ids if job not in bad]
@@ -269,8 +270,10 @@ def test_a_hostile_job_in_a_batch_stops_neither_the_worker_nor_its_batch(
 ) -> None:
     # Whether a hostile job lands inside a batch is the worker's choice: it pipelines only
     # while its recent jobs are short and its database rounds quick, which a loaded
-    # machine (CI) can deny for a whole backlog. Every round is checked in full; the
-    # batch case must have happened in one of them.
+    # machine (CI) can deny for a whole backlog: the backlogs run with 10 s leases
+    # (PREFETCHING_OPTIONS), so rounds of up to 1 s still count as quick (CI's SQLite took
+    # 0.2-0.25 s, over the tenth of FAST_OPTIONS' 2 s leases). Every round is checked in
+    # full; the batch case must have happened in one of them.
     for n in range(ROUNDS):
         if _check_round(workers, marker_dir, pool, KINDS[name], prefix=f"r{n}-"):
             return
