@@ -156,10 +156,15 @@ def test_an_outcome_the_database_refuses_is_given_up_and_reaped(
         healthy = _healthy(marker_dir)
         worker = workers.start(args=["--pool", pool, "--concurrency", "2"])
         row = WorkerRow.objects.filter(state="running")
+        # (Its problem may name a stretched lease first, on a loaded machine: the give-up
+        # joins it.)
         wait_until(
-            lambda: row.exclude(problem="").exists(),
+            lambda: row.filter(problem__contains="gave up recording").exists(),
             timeout=30,
-            what="the worker to report the attempt it gave up",
+            what=lambda: (
+                "the worker to report the attempt it gave up (problem: "
+                f"{list(row.values_list('problem', flat=True))})"
+            ),
         )
         problem = row.get().problem
         assert "gave up recording 1 attempt(s) since it started" in problem, problem
