@@ -184,7 +184,7 @@ class RoundDriver:
             database=self.database,
             backend=self.backend,
             queues=self.queues,
-            lease_duration=self.lease_length.seconds,
+            lease_duration=self.lease_length.claim_seconds,
             unknown_task_grace=self.options.unknown_task_grace,
             flow=self.options.flow,
             main_lane_first=now < self._flow_held_until,

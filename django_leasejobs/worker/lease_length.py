@@ -17,8 +17,11 @@ seconds late, renewals and claims ask for a lease of
 statement asked for, so a worker never counts on more than the database gave.
 
 Claims count too. A claimed job's lease runs from the claim's send; the heartbeat renews
-it first at its next beat after the main loop took the job, and that renewal must come
-back within the lease less a beat. So the main loop notes, for each claim, how long it
+it first at its next beat after the main loop took the job (up to a beat later than a
+renewed lease's next renewal), and that renewal must come back within the lease less a
+beat. So a claim asks for one ``HEARTBEAT_INTERVAL`` more than a renewal
+(``claim_seconds``): a fresh job's first renewal has as long to come back as any other
+job's next one. And the main loop notes, for each claim, how long it
 took from its send until the loop took its jobs (and, before its first claim, how long
 the worker's registration took: on a machine already overloaded when the worker starts,
 its first claims ask for enough), and the lease covers the worst of the last ``MEMORY``
@@ -87,8 +90,14 @@ class LeaseLength:
 
     @property
     def seconds(self) -> float:
-        """The lease to ask for."""
+        """The lease a renewal asks for."""
         return self._wanted(max(self._renewal_worst, self._trip_worst))
+
+    @property
+    def claim_seconds(self) -> float:
+        """The lease a claim asks for: a beat more than a renewal (its first renewal comes
+        at the heartbeat's next beat after the loop took the job)."""
+        return self.seconds + self.beat
 
     def problem(self) -> str:
         """'' while leases are ``LEASE_DURATION``; else why they are longer (the worker's

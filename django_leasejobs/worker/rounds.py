@@ -159,6 +159,7 @@ class RoundContext:
     backend: str
     queues: Sequence[str] | None
     lease_duration: float
+    """The lease the round's claim asks for (``LeaseLength.claim_seconds``)."""
     unknown_task_grace: float = 3600.0
     flow: FlowRules = field(default_factory=FlowRules)
     main_lane_first: bool = False

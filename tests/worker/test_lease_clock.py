@@ -23,10 +23,12 @@ import pytest
 from django.db import connection
 
 from django_leasejobs import leases
+from django_leasejobs.models import Job
 from django_leasejobs.worker import Worker
 from django_leasejobs.worker.heartbeat import Heartbeat
 from django_leasejobs.worker.rounds import RoundContext, RoundPlan, run_round
 from tests import tasks
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -88,3 +90,37 @@ def test_claimed_leases_count_from_when_the_claim_was_sent(worker: Worker) -> No
     lost_at = result.claim_sent + 60.0 - table.margin
     assert table.silence(claimed.lease, lost_at - 0.01) is None
     assert table.silence(claimed.lease, lost_at + 0.01) is not None
+
+
+def test_a_claim_asks_for_a_heartbeat_more_than_a_renewal(worker: Worker) -> None:
+    """A freshly claimed job is first renewed at the heartbeat's next beat after the loop
+    took it, up to a beat later than a renewed job's next renewal: its claim asks for that
+    beat more (``LeaseLength.claim_seconds``), so its first renewal has as long to come
+    back as any other job's next one. Renewals ask for the lease alone."""
+    job_id = int(tasks.add.enqueue(1, 2).id)
+    options = worker.options
+    rounds = worker.rounds
+    rounds.open()
+    try:
+        rounds.start(RoundPlan(claim_limit=1), listening=False, burst=True)
+        wait_until(rounds.done, what="the round")
+        _, result, _ = rounds.take()
+    finally:
+        rounds.close()
+    assert result.error is None
+    assert result.claimed is not None
+    assert [job.id for job in result.claimed] == [job_id]
+    claimed = result.claim_lease
+    assert claimed == options.lease_duration + options.heartbeat_interval
+    assert round(_held_for(job_id), 1) == round(claimed, 1)  # what the row holds
+    worker.pool.free_slots = lambda: 0  # type: ignore[method-assign]  # it waits for a slot
+    worker.handover.take_claimed(result.claimed, result.claim_sent, claimed)
+    heartbeat = Heartbeat(worker.thread_context(), threading.Event())
+    heartbeat.tick()
+    assert round(_held_for(job_id), 1) == round(options.lease_duration, 1)
+
+
+def _held_for(job_id: int) -> float:
+    """The lease the job's row holds: ``locked_until`` less its last claim or renewal."""
+    row = Job.objects.values("locked_until", "heartbeat_at").get(pk=job_id)
+    return (row["locked_until"] - row["heartbeat_at"]).total_seconds()

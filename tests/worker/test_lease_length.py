@@ -133,6 +133,9 @@ def test_a_claim_that_took_long_stretches_the_lease_the_next_claims_ask_for() ->
     assert stretch is not None
     assert (stretch.seconds, stretch.delay) == (7.0, 1.5)
     assert length.renewed(104.0, 104.05, length.seconds) is None  # reported once
+    # Claims ask for a beat more than renewals, stretched or not (their first renewal
+    # comes at the heartbeat's next beat).
+    assert length.claim_seconds == 7.0 + BEAT
 
 
 def test_quick_claims_never_push_a_late_renewal_out_of_mind() -> None:
