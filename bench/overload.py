@@ -122,8 +122,13 @@ LOG_PATTERNS = {
 }
 """What the worker logs are searched for (one count per line that contains it)."""
 
-INFO_LINES = ("database round took",)
-"""INFO messages the workers log besides their warnings (``LEASEJOBS_BENCH_LOG_INFO``)."""
+INFO_LINES = ("database round took", "renewals or claims came back")
+"""INFO messages the workers log besides their warnings (``LEASEJOBS_BENCH_LOG_INFO``): back
+pressure, and the leases stretched for late renewals or claims (``lease_length.py``)."""
+
+WHY_LINES = (" ERROR ", "CRITICAL", *INFO_LINES)
+"""Lines a failed run prints from the worker logs (``why_lines``), to say why a lease was
+lost: the loss itself, and the back pressure and stretches that came before it."""
 
 ENQUEUE = """\
 import sys
@@ -1260,6 +1265,12 @@ class Run:
                 for line in text.splitlines()
                 if " ERROR " in line or "CRITICAL" in line
             ][:40],
+            "why_lines": [
+                f"{w}: {line}"
+                for w, text in sorted(logs.items())
+                for line in text.splitlines()
+                if any(pattern in line for pattern in WHY_LINES)
+            ][:60],
             "load": load,
             "db_load_rate": transactions / load_seconds if load_seconds else None,
             "worker_cpu": (usage1.ru_utime + usage1.ru_stime) - (usage0.ru_utime + usage0.ru_stime),
@@ -1364,6 +1375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(MARKDOWN_HEAD + markdown_row(report))
     print(f"JSON: {args.output}")
     if not report["verdict"]["ok"]:
+        print("worker log lines on lost leases, back pressure and stretched leases:")
+        for line in report["figures"].get("why_lines", []):
+            print(f"    {line}")
         print("FAILED: " + ", ".join(c["name"] for c in report["verdict"]["checks"] if not c["ok"]))
         return 1
     return 0
