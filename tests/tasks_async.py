@@ -53,6 +53,16 @@ async def loses_its_lease(context: Any, marker_dir: str, name: str) -> None:
     await until_cancelled.func(context, marker_dir, name)
 
 
+@task(takes_context=True, max_attempts=1)
+async def loses_its_lease_and_ignores_cancel(context: Any, marker_dir: str, name: str) -> None:
+    """Hand its lease to another owner, then swallow its CancelledError and keep waiting
+    (its slot must be killed)."""
+    await sync_to_async(Job.objects.filter(pk=context.job_id, attempt=context.attempt).update)(
+        locked_by="thief"
+    )
+    await ignores_cancel.func(context, marker_dir, name)
+
+
 @task(takes_context=True, max_attempts=2)
 async def ignores_cancel(context: Any, marker_dir: str, name: str) -> None:
     """Swallow every CancelledError and keep waiting (its slot must be killed)."""

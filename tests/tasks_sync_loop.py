@@ -51,6 +51,14 @@ def ignores_its_stop(context: Any, marker_dir: str, name: str) -> None:
     time.sleep(3600)
 
 
+@task(takes_context=True, max_attempts=1)
+def loses_its_lease_and_ignores_its_stop(context: Any, marker_dir: str, name: str) -> None:
+    """Hand its lease to another owner, then never look at ``context.lease_lost``: its
+    slot must be killed."""
+    Job.objects.filter(pk=context.job_id, attempt=context.attempt).update(locked_by="thief")
+    ignores_its_stop.func(context, marker_dir, name)
+
+
 @task(max_attempts=1)
 def returns(kind: str) -> Any:
     """A hostile outcome of a sync job on the loop."""

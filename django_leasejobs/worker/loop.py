@@ -64,6 +64,7 @@ from .lease_length import LeaseLength
 from .lifecycle import Registration, harden_connections, install_signal_handlers, restore_signals
 from .listener import Listener
 from .pools import Pool, ProcessPool, ThreadPool
+from .pools.process import LOST_LEASE_WAIT_SHARE
 from .recorder import Recorder
 from .reporter import Reporter
 from .scheduler import Scheduler
@@ -116,6 +117,7 @@ class Worker:
                 lock_lost_grace=options.lock_lost_grace,
                 async_concurrency=config.async_concurrency or options.async_concurrency,
                 async_blocking_limit=options.async_blocking_limit,
+                lost_lease_wait=LOST_LEASE_WAIT_SHARE * options.heartbeat_interval,
             )
         else:
             self.pool = ThreadPool(

@@ -39,6 +39,12 @@ leases, so the leases are long enough that a loaded machine cannot make one run 
 again as collateral of that loss, and the blocker's attempt rows be two)."""
 
 
+LOST_LEASE_OPTIONS = {"LEASE_DURATION": 8.0, "HEARTBEAT_INTERVAL": 2.0}
+"""For the cases of a lost lease whose job ends on its stop: a 2 s heartbeat gives it 1 s
+(``LOST_LEASE_WAIT_SHARE``), which a loaded machine's slot and worker take to deliver the
+stop and read the job's end, where FAST_OPTIONS' 0.3 s heartbeat gives 0.15 s."""
+
+
 def lines(marker_dir: str, name: str) -> list[list[str]]:
     path = Path(marker_dir) / name
     return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
@@ -167,26 +173,44 @@ def test_a_lease_lost_async_job_gets_cancelled_error_with_sigterm(workers, marke
     assert len(lines(marker_dir, "nap.starts")) == 3
 
 
-def test_a_lease_lost_async_job_kills_its_slot_with_sigkill(workers, marker_dir: str) -> None:
-    """Under the default behaviour a lost lease stops its job at once: the whole child is
-    killed, and its neighbours run again without an attempt counted."""
+def test_a_lease_lost_async_job_gets_cancelled_error_with_sigkill(workers, marker_dir: str) -> None:
+    """Under the default behaviour too, a lost lease on an event loop stops its coroutine
+    with CancelledError (``LOST_LEASE_WAIT_SHARE``): its neighbours, whose leases are
+    sound, run on once, untouched, instead of dying with the slot and running again."""
     lost = int(tasks_async.loses_its_lease.enqueue(marker_dir, "lost").id)
     neighbours = [int(tasks_async.nap.enqueue(marker_dir, "nap", 2.0).id) for _ in range(3)]
-    worker = workers.start(args=["--concurrency", "1", *JSON_LOGS], env=JSON_ENV)
+    workers.start(options=LOST_LEASE_OPTIONS, args=["--concurrency", "1"])
     wait_until(lambda: statuses(neighbours) == {JobStatus.SUCCEEDED: 3}, 40, what="neighbours")
-    # Each ran twice: killed with the slot at attempt 1, then to its end at attempt 2.
-    assert_ran_again(worker, lost, neighbours, "lost its lease", lines(marker_dir, "nap.starts"))
-    # The lost job was killed, not cancelled; the reaper takes it back from the thief
-    # once its lease runs out (this worker writes nothing for a lease it lost).
+    assert lines(marker_dir, "lost.cancelled") == [[str(lost), "1"]]
+    assert all(attempts(job_id) == [] for job_id in neighbours)
+    assert len(lines(marker_dir, "nap.starts")) == 3
+    # The reaper takes it back from the thief once its lease runs out (this worker writes
+    # nothing for a lease it lost).
     wait_until(
         lambda: attempts(lost) and attempts(lost)[0].outcome == AttemptOutcome.LEASE_EXPIRED,
         30,
         what=lambda: f"its lease-expired attempt row, got {attempts(lost)}",
     )
-    assert lines(marker_dir, "lost.cancelled") == []
-    assert [(row.attempt, row.outcome) for row in attempts(lost)][:1] == [
-        (1, AttemptOutcome.LEASE_EXPIRED)
-    ]
+
+
+def test_a_lease_lost_async_job_that_ignores_its_cancel_gets_its_slot_killed(
+    workers, marker_dir: str
+) -> None:
+    """One that swallows its CancelledError is killed with its slot once half a heartbeat
+    passed: its neighbours run again without an attempt counted."""
+    lost = int(tasks_async.loses_its_lease_and_ignores_cancel.enqueue(marker_dir, "lost").id)
+    neighbours = [int(tasks_async.nap.enqueue(marker_dir, "nap", 2.0).id) for _ in range(3)]
+    worker = workers.start(args=["--concurrency", "1", *JSON_LOGS], env=JSON_ENV)
+    wait_until(lambda: statuses(neighbours) == {JobStatus.SUCCEEDED: 3}, 40, what="neighbours")
+    # FAST_OPTIONS' 0.3 s heartbeat: 0.15 s to end.
+    why = "lost its lease and did not end within 0.15s of its CancelledError"
+    assert_ran_again(worker, lost, neighbours, why, lines(marker_dir, "nap.starts"))
+    assert lines(marker_dir, "lost.cancelled") == [[str(lost), "1"]]
+    wait_until(
+        lambda: attempts(lost) and attempts(lost)[0].outcome == AttemptOutcome.LEASE_EXPIRED,
+        30,
+        what=lambda: f"its lease-expired attempt row, got {attempts(lost)}",
+    )
 
 
 def test_a_coroutine_that_ignores_its_cancel_gets_its_slot_killed(workers, marker_dir: str) -> None:

@@ -19,6 +19,7 @@ from tests.worker.test_async_jobs import (
     BURST_BOUND,
     JSON_ENV,
     JSON_LOGS,
+    LOST_LEASE_OPTIONS,
     PAUSE_OPTIONS,
     assert_failed_alone,
     assert_pauses_kill_nothing,
@@ -114,23 +115,40 @@ def test_a_sync_job_that_ignores_its_stop_gets_its_slot_killed(workers, marker_d
     assert_ran_again(worker, stubborn, neighbours, "did not end within 1s", starts)
 
 
-def test_a_lease_lost_sync_job_kills_its_slot_with_sigkill(workers, marker_dir: str) -> None:
-    """Under the default behaviour a lost lease stops its job at once: the whole child is
-    killed (a thread cannot be stopped alone), and its neighbours run again without an
-    attempt counted."""
+def test_a_lease_lost_sync_job_is_told_with_sigkill(workers, marker_dir: str) -> None:
+    """Under the default behaviour too, a sync job on the loop whose lease is lost is told
+    (``context.lease_lost``) and given half a heartbeat to end: one that ends runs once,
+    and its neighbours, whose leases are sound, run on once, untouched."""
     lost = int(tasks_sync_loop.loses_its_lease.enqueue(marker_dir, "lost").id)
     neighbours = [int(tasks_sync_loop.doze.enqueue(marker_dir, "doze", 2.0).id) for _ in range(3)]
-    worker = workers.start(args=[*ON_LOOP, *JSON_LOGS], env=JSON_ENV)
+    workers.start(options=LOST_LEASE_OPTIONS, args=ON_LOOP)
     wait_until(lambda: statuses(neighbours) == {JobStatus.SUCCEEDED: 3}, 40, what="neighbours")
-    starts = lines(marker_dir, "doze.starts")
-    assert_ran_again(worker, lost, neighbours, "lost its lease", starts)
-    # Killed, never told: the reaper takes it back from the thief once its lease runs out.
+    assert lines(marker_dir, "lost.told") == [[str(lost), "1", "True"]]
+    assert all(attempts(job_id) == [] for job_id in neighbours)
+    assert len(lines(marker_dir, "doze.starts")) == 3
     wait_until(
         lambda: attempts(lost) and attempts(lost)[0].outcome == AttemptOutcome.LEASE_EXPIRED,
         30,
         what=lambda: f"its lease-expired attempt row, got {attempts(lost)}",
     )
-    assert lines(marker_dir, "lost.told") == []
+
+
+def test_a_lease_lost_sync_job_that_runs_on_gets_its_slot_killed(workers, marker_dir: str) -> None:
+    """One that does not end within half a heartbeat is killed with the whole child (a
+    thread cannot be stopped alone): its neighbours run again without an attempt
+    counted."""
+    lost = int(tasks_sync_loop.loses_its_lease_and_ignores_its_stop.enqueue(marker_dir, "lost").id)
+    neighbours = [int(tasks_sync_loop.doze.enqueue(marker_dir, "doze", 2.0).id) for _ in range(3)]
+    worker = workers.start(args=[*ON_LOOP, *JSON_LOGS], env=JSON_ENV)
+    wait_until(lambda: statuses(neighbours) == {JobStatus.SUCCEEDED: 3}, 40, what="neighbours")
+    starts = lines(marker_dir, "doze.starts")
+    why = "lost its lease and did not end within 0.15s of its CancelledError"
+    assert_ran_again(worker, lost, neighbours, why, starts)
+    wait_until(
+        lambda: attempts(lost) and attempts(lost)[0].outcome == AttemptOutcome.LEASE_EXPIRED,
+        30,
+        what=lambda: f"its lease-expired attempt row, got {attempts(lost)}",
+    )
 
 
 def test_shutdown_tells_sync_jobs_and_releases_them(workers, marker_dir: str) -> None:

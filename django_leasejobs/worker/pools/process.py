@@ -52,12 +52,21 @@ from .events import (
     describe_exit,
 )
 from .frames import drain
-from .slot import ProcessSlot, held, take
+from .slot import CancelSent, ProcessSlot, held, take
 
 SLOT_READY_WAIT = 30.0
 """How long a starting worker waits for each new slot to say it is ready."""
 SLOT_EXIT_WAIT = 5.0
 """At shutdown, how long idle slots get (all together) to leave on their own."""
+LOST_LEASE_WAIT_SHARE = 0.5
+"""Under the "sigkill" lock-lost behaviour, a job on a slot's event loop whose lease is
+lost gets ``CancelledError`` and this share of ``HEARTBEAT_INTERVAL`` (at most
+``LOCK_LOST_GRACE``) to end, before its slot is killed with its neighbours: the worker
+calls a lease lost a heartbeat before the database does (``LeaseTable``), so the job is
+gone before another worker can take it, and the neighbours, whose leases are sound, do
+not run again for one job's lost lease. A thread (a sync job with ``--sync-on-loop``)
+is told (``context.lease_lost``) and has the same time to end."""
+
 LOOP_LOOK = 0.25
 """While a slot's event loop runs jobs, the worker looks at least this often whether a
 job blocks it (``ASYNC_BLOCKING_LIMIT``)."""
@@ -74,10 +83,15 @@ class ProcessPool:
         lock_lost_grace: float,
         async_concurrency: int = 1,
         async_blocking_limit: float = math.inf,
+        lost_lease_wait: float = math.inf,
     ) -> None:
         self.size = size
         self.lock_lost_behavior = lock_lost_behavior
         self.lock_lost_grace = lock_lost_grace
+        self.lost_lease_wait = lost_lease_wait
+        """How long a job on an event loop whose lease is lost gets to end on its
+        ``CancelledError`` under the "sigkill" behaviour, before its slot is killed with
+        its neighbours (``LOST_LEASE_WAIT_SHARE``)."""
         self.async_concurrency = async_concurrency
         self.async_blocking_limit = async_blocking_limit
         self._ctx = multiprocessing.get_context("fork")
@@ -431,8 +445,8 @@ class ProcessPool:
 
         A job on a slot's event loop gets ``CancelledError`` instead, and
         ``LOCK_LOST_GRACE`` to end before the group is killed (its neighbours then
-        released as collateral); except a ``lease_lost`` one under the "sigkill"
-        behaviour, which is killed at once, with its neighbours.
+        released as collateral); a ``lease_lost`` one under the "sigkill" behaviour only
+        ``lost_lease_wait``: its neighbours, whose leases are sound, run on if it ends.
         """
         with self._lock:
             found = next(
@@ -467,14 +481,16 @@ class ProcessPool:
             return self._stop_on_loop(slot, lease, lease_lost=lease_lost)
 
     def _stop_on_loop(self, slot: ProcessSlot, lease: Lease, *, lease_lost: bool) -> StopAction:
-        """Stop a job that runs on ``slot``'s event loop."""
+        """Stop a job that runs on ``slot``'s event loop: send it ``CancelledError``, and
+        kill the slot if it still runs after its grace (``LOCK_LOST_GRACE``; for a lost
+        lease under the "sigkill" behaviour ``lost_lease_wait``)."""
         if slot.killed or lease in slot.cancels:
             return "killing"
+        grace = self.lock_lost_grace
         if lease_lost and self.lock_lost_behavior != "sigterm":
-            slot.culprit = (lease, f"job {lease[0]} (attempt {lease[1]}) lost its lease")
-            self._signal_group(slot, signal.SIGKILL)
-            return "killing"
-        slot.cancels[lease] = time.monotonic() + self.lock_lost_grace
+            grace = min(grace, self.lost_lease_wait)
+        ending = "lost its lease and did not end" if lease_lost else "did not end"
+        slot.cancels[lease] = CancelSent(time.monotonic() + grace, grace, ending)
         with contextlib.suppress(OSError):  # it died: its sentinel says so
             slot.conn.send((MSG_CANCEL, lease))
         return "killing"
@@ -513,12 +529,12 @@ class ProcessPool:
         """Kill ``slot`` if a job blocks its event loop past ``async_blocking_limit``, or a
         job sent a cancel outlived its grace; seconds until the next look (the pool's
         lock held)."""
-        for lease, due in slot.cancels.items():
-            if due <= now:
+        for lease, sent in slot.cancels.items():
+            if sent.due <= now:
                 slot.culprit = (
                     lease,
-                    f"job {lease[0]} (attempt {lease[1]}) did not end within "
-                    f"{self.lock_lost_grace:g}s of its CancelledError",
+                    f"job {lease[0]} (attempt {lease[1]}) {sent.ending} within "
+                    f"{sent.grace:g}s of its CancelledError",
                 )
                 self._signal_group(slot, signal.SIGKILL)
                 return 0.0
@@ -529,7 +545,7 @@ class ProcessPool:
             int(values[BLOCKED_NS]) / 1e9, slot.loop_watch.held_busy(slot.pid, values, now)
         )
         if blocked <= self.async_blocking_limit:
-            nearest = min(slot.cancels.values(), default=math.inf) - now
+            nearest = min((sent.due for sent in slot.cancels.values()), default=math.inf) - now
             return max(0.0, min(LOOP_LOOK, self.async_blocking_limit - blocked, nearest))
         blamed = int(values[BLAMED_JOB])
         # A slot runs one attempt of a job at a time: the queue says which.

@@ -16,6 +16,19 @@ from .events import Event, Lease
 from .frames import Frames
 
 
+@dataclass(frozen=True, slots=True)
+class CancelSent:
+    """A ``CancelledError`` sent to a job on a slot's event loop."""
+
+    due: float
+    """When (monotonic) its grace ends: the slot is killed if the job still runs then."""
+    grace: float
+    """Its grace (seconds)."""
+    ending: str
+    """What the kill's reason says it did ("did not end", "lost its lease and did not
+    end") within its grace."""
+
+
 @dataclass(eq=False)
 class ProcessSlot:
     index: int
@@ -41,9 +54,9 @@ class ProcessSlot:
     on_loop: bool = False
     """The jobs it holds run at once on its child's event loop (``JobSpec.on_loop``; set
     as an idle slot is handed jobs)."""
-    cancels: dict[Lease, float] = field(default_factory=dict)
-    """Jobs on its event loop sent a ``CancelledError``, with when (monotonic) their
-    grace ends: the slot is killed if one still runs then."""
+    cancels: dict[Lease, CancelSent] = field(default_factory=dict)
+    """Jobs on its event loop sent a ``CancelledError``, with when their grace ends: the
+    slot is killed if one still runs then."""
     culprit: tuple[Lease, str] | None = None
     """The job whose fault the slot's kill was, and why: the other jobs its event loop
     ran die as collateral (released without counting an attempt)."""
