@@ -58,6 +58,17 @@ def attempts(job_id: int) -> list[JobAttempt]:
     return list(JobAttempt.objects.filter(job_id=job_id).order_by("attempt"))
 
 
+def wait_for_reaped(job_id: int) -> None:
+    """Wait for the reaper to take the job back from the thief its task handed its lease
+    to, once that lease ran out: its first attempt row says ``lease_expired`` (the worker
+    that lost the lease writes nothing for it)."""
+    wait_until(
+        lambda: attempts(job_id) and attempts(job_id)[0].outcome == AttemptOutcome.LEASE_EXPIRED,
+        30,
+        what=lambda: f"its lease-expired attempt row, got {attempts(job_id)}",
+    )
+
+
 def described(rows: list[JobAttempt]) -> list[tuple[int, str, str]]:
     """Attempt rows as a failed assertion shows them."""
     return [(row.attempt, row.outcome, row.error_message) for row in rows]
@@ -165,11 +176,7 @@ def test_a_lease_lost_async_job_gets_cancelled_error_with_sigterm(workers, marke
     assert lines(marker_dir, "lost.cancelled") == [[str(lost), "1"]]
     wait_until(lambda: statuses(neighbours) == {JobStatus.SUCCEEDED: 3}, 30, what="neighbours")
     # The reaper takes the job back from the thief once its lease runs out.
-    wait_until(
-        lambda: attempts(lost) and attempts(lost)[0].outcome == AttemptOutcome.LEASE_EXPIRED,
-        30,
-        what=lambda: f"its lease-expired attempt row, got {attempts(lost)}",
-    )
+    wait_for_reaped(lost)
     assert len(lines(marker_dir, "nap.starts")) == 3
 
 
@@ -186,11 +193,7 @@ def test_a_lease_lost_async_job_gets_cancelled_error_with_sigkill(workers, marke
     assert len(lines(marker_dir, "nap.starts")) == 3
     # The reaper takes it back from the thief once its lease runs out (this worker writes
     # nothing for a lease it lost).
-    wait_until(
-        lambda: attempts(lost) and attempts(lost)[0].outcome == AttemptOutcome.LEASE_EXPIRED,
-        30,
-        what=lambda: f"its lease-expired attempt row, got {attempts(lost)}",
-    )
+    wait_for_reaped(lost)
 
 
 def test_a_lease_lost_async_job_that_ignores_its_cancel_gets_its_slot_killed(
@@ -206,11 +209,7 @@ def test_a_lease_lost_async_job_that_ignores_its_cancel_gets_its_slot_killed(
     why = "lost its lease and did not end within 0.15s of its CancelledError"
     assert_ran_again(worker, lost, neighbours, why, lines(marker_dir, "nap.starts"))
     assert lines(marker_dir, "lost.cancelled") == [[str(lost), "1"]]
-    wait_until(
-        lambda: attempts(lost) and attempts(lost)[0].outcome == AttemptOutcome.LEASE_EXPIRED,
-        30,
-        what=lambda: f"its lease-expired attempt row, got {attempts(lost)}",
-    )
+    wait_for_reaped(lost)
 
 
 def test_a_coroutine_that_ignores_its_cancel_gets_its_slot_killed(workers, marker_dir: str) -> None:

@@ -27,6 +27,7 @@ from tests.worker.test_async_jobs import (
     attempts,
     lines,
     statuses,
+    wait_for_reaped,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -126,11 +127,7 @@ def test_a_lease_lost_sync_job_is_told_with_sigkill(workers, marker_dir: str) ->
     assert lines(marker_dir, "lost.told") == [[str(lost), "1", "True"]]
     assert all(attempts(job_id) == [] for job_id in neighbours)
     assert len(lines(marker_dir, "doze.starts")) == 3
-    wait_until(
-        lambda: attempts(lost) and attempts(lost)[0].outcome == AttemptOutcome.LEASE_EXPIRED,
-        30,
-        what=lambda: f"its lease-expired attempt row, got {attempts(lost)}",
-    )
+    wait_for_reaped(lost)
 
 
 def test_a_lease_lost_sync_job_that_runs_on_gets_its_slot_killed(workers, marker_dir: str) -> None:
@@ -144,11 +141,7 @@ def test_a_lease_lost_sync_job_that_runs_on_gets_its_slot_killed(workers, marker
     starts = lines(marker_dir, "doze.starts")
     why = "lost its lease and did not end within 0.15s of its CancelledError"
     assert_ran_again(worker, lost, neighbours, why, starts)
-    wait_until(
-        lambda: attempts(lost) and attempts(lost)[0].outcome == AttemptOutcome.LEASE_EXPIRED,
-        30,
-        what=lambda: f"its lease-expired attempt row, got {attempts(lost)}",
-    )
+    wait_for_reaped(lost)
 
 
 def test_shutdown_tells_sync_jobs_and_releases_them(workers, marker_dir: str) -> None:
