@@ -320,7 +320,7 @@ class Recorder:
     def _after_single(self, running: RunningJob, kind: str) -> None:
         duration = time.monotonic() - running.started
         if kind in ("shutdown", "collateral"):
-            self.reporter.released(running, duration)
+            self.reporter.released(running, duration, collateral=kind == "collateral")
         else:
             error = ErrorInfo("django_leasejobs.exceptions.JobCancelled", "cancelled while running")
             self.reporter.failed(running, JobStatus.CANCELLED, error, duration, None)

@@ -164,12 +164,16 @@ class Reporter(Announcer):
             )
             self._finished(running, status, None, error)
 
-    def released(self, running: RunningJob, duration: float) -> None:
+    def released(self, running: RunningJob, duration: float, *, collateral: bool) -> None:
+        """A job went back to pending without an attempt counted: at shutdown, or as the
+        collateral of another job's fault (:meth:`collateral` said why when its slot
+        died)."""
         job = running.job
         logger.warning(
-            "released job %s attempt %s back to pending at shutdown",
+            "released job %s attempt %s back to pending %s",
             job.id,
             job.attempt,
+            "as collateral" if collateral else "at shutdown",
             extra=self.log_extra(job, duration=round(duration, 6)),
         )
 

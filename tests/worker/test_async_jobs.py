@@ -95,6 +95,17 @@ def assert_collateral(worker: WorkerProcess, culprit: int, neighbours: list[int]
     for entry in records:
         assert (entry["level"], entry["attempt"]) == ("WARNING", 1), entry
         assert f"job {culprit} (attempt 1) {why}" in entry["reason"], entry
+    # Its release, once written, says so too (not "at shutdown").
+
+    def releases() -> list[str]:
+        return [
+            line["message"]
+            for line in json_lines(worker)
+            if line["message"].startswith("released job ") and line.get("job_id") in neighbours
+        ]
+
+    wait_until(lambda: len(releases()) == len(neighbours), 30, what=lambda: str(releases()))
+    assert all(text.endswith("back to pending as collateral") for text in releases())
 
 
 def assert_ran_again(
