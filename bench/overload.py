@@ -126,7 +126,10 @@ INFO_LINES = ("database round took", "renewals or claims came back")
 """INFO messages the workers log besides their warnings (``LEASEJOBS_BENCH_LOG_INFO``): back
 pressure, and the leases stretched for late renewals or claims (``lease_length.py``)."""
 
-WHY_LINES = (" ERROR ", "CRITICAL", *INFO_LINES)
+ERROR_LINES = (" ERROR ", "CRITICAL")
+"""Lines of the worker logs the report keeps as its ``error_lines``."""
+
+WHY_LINES = (*ERROR_LINES, *INFO_LINES)
 """Lines a failed run prints from the worker logs (``why_lines``), to say why a lease was
 lost: the loss itself, and the back pressure and stretches that came before it."""
 
@@ -394,6 +397,17 @@ def count_log_lines(texts: Iterable[str]) -> dict[str, int]:
                 if pattern in line:
                     counts[key] += 1
     return counts
+
+
+def lines_with(texts: dict[str, str], patterns: Sequence[str], limit: int) -> list[str]:
+    """The first ``limit`` log lines that contain any of ``patterns``, each with its log's
+    name, the logs in name order."""
+    return [
+        f"{name}: {line}"
+        for name, text in sorted(texts.items())
+        for line in text.splitlines()
+        if any(pattern in line for pattern in patterns)
+    ][:limit]
 
 
 def lines_naming(texts: dict[str, str], job: int, limit: int = 40) -> list[str]:
@@ -1259,18 +1273,8 @@ class Run:
                 facts["first_started"] - first_spawn if facts["first_started"] else None
             ),
             "log_lines": count_log_lines(logs.values()),
-            "error_lines": [
-                f"{w}: {line}"
-                for w, text in sorted(logs.items())
-                for line in text.splitlines()
-                if " ERROR " in line or "CRITICAL" in line
-            ][:40],
-            "why_lines": [
-                f"{w}: {line}"
-                for w, text in sorted(logs.items())
-                for line in text.splitlines()
-                if any(pattern in line for pattern in WHY_LINES)
-            ][:60],
+            "error_lines": lines_with(logs, ERROR_LINES, 40),
+            "why_lines": lines_with(logs, WHY_LINES, 60),
             "load": load,
             "db_load_rate": transactions / load_seconds if load_seconds else None,
             "worker_cpu": (usage1.ru_utime + usage1.ru_stime) - (usage0.ru_utime + usage0.ru_stime),
