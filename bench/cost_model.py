@@ -40,9 +40,12 @@ end):
 3. **the Python floor** (PostgreSQL only): ``bench/compare.py``'s ``floor_drain_on`` over
    the same number of jobs, its own CPU (thread time) and its backend's;
 4. **peers**: ``--peer NAME=PATH`` reads a JSON another bench wrote (PgQueuer's drain,
-   ``bench/pgqueuer_drain.py``), with ``jobs``, ``jobs_per_s``, ``worker_cpu_s`` and
-   ``server_cpu_s`` at its top or under ``"cost"``; ``artifacts/bench/pgqueuer_drain.json``
-   is read by default when it exists. A missing figure shows as ``-``.
+   ``bench/pgqueuer_drain.py``, writes its best configuration's median there), with
+   ``jobs``, ``jobs_per_s``, ``worker_cpu_s``, ``backends_cpu_s`` and ``server_cpu_s`` at
+   its top or under ``"cost"``; ``artifacts/bench/pgqueuer_drain.json`` is read by
+   default when it exists. A missing figure shows as ``-``. (That bench measures both
+   systems' CPU per job with this script's sampler in one run, on one server: its table
+   is the side-by-side comparison; the peer row here comes from another run.)
 
 Writes the markdown tables to standard output (``--markdown``: also to a file) and every
 figure to ``--output`` (``artifacts/bench/cost_model.json``). Exits 1 when a drain was not
@@ -423,15 +426,22 @@ def proc_times(pid: int) -> tuple[float, float] | None:
 
 
 def tree_cpu(pid: int) -> float | None:
-    """CPU seconds of ``pid``, its reaped children and its live children."""
+    """CPU seconds of ``pid`` and all its descendants: its own, its reaped children's
+    (which hold theirs), and each live child's tree."""
     times = proc_times(pid)
     if times is None:
         return None
-    total = times[0] + times[1]
+    return times[0] + times[1] + sum(tree_cpu(child) or 0.0 for child in live_children(pid))
+
+
+def live_children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (children of any of its threads)."""
+    children: list[int] = []
     with contextlib.suppress(OSError):
-        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-            total += (proc_times(int(child)) or (0.0, 0.0))[0]
-    return total
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                children += [int(c) for c in (task / "children").read_text().split()]
+    return children
 
 
 def per_job_us(seconds: float | None, jobs: int) -> float | None:
@@ -464,9 +474,11 @@ class Database:
 class Postgres(Database):
     name = "postgres"
 
-    def __init__(self, url: str, admin_url: str, label: str) -> None:
+    def __init__(self, url: str, admin_url: str, label: str, datname: str = "") -> None:
         super().__init__(url)
         self.admin_url, self.label = admin_url, f"PostgreSQL, {label}"
+        self.datname = datname or url.rpartition("/")[2]
+        """The bench database's name (whose backends count as the worker's)."""
         self.postmaster = self._postmaster()
         self.probe = 0  # the sampler's backend while it runs
 
@@ -490,7 +502,7 @@ class Postgres(Database):
     def backend_finder(self) -> Iterator[Callable[[], list[int]]]:
         import psycopg
 
-        database = self.url.rpartition("/")[2]
+        database = self.datname
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             self.probe = conn.info.backend_pid
 
@@ -609,16 +621,12 @@ def window(points: Sequence[Point], first: float, last: float) -> dict[str, floa
 
 
 def slots_cpu(pid: int) -> float | None:
-    """CPU seconds of ``pid``'s children: those it reaped and those alive."""
+    """CPU seconds of ``pid``'s descendants: the children it reaped and the live ones'
+    trees (a worker's slots; ``runworker --processes``' workers and their slots)."""
     times = proc_times(pid)
     if times is None:
         return None
-    total = times[1]
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            for child in (task / "children").read_text().split():
-                total += (proc_times(int(child)) or (0.0, 0.0))[0]
-    return total
+    return times[1] + sum(tree_cpu(child) or 0.0 for child in live_children(pid))
 
 
 class CpuSampler(threading.Thread):
@@ -952,7 +960,11 @@ def read_peer(name: str, path: Path) -> dict[str, Any]:
         "path": str(path),
         "jobs": jobs,
         "jobs_per_s": figures.get("jobs_per_s"),
-        "cpu_us_per_job": {"worker": us("worker_cpu_s"), "server": us("server_cpu_s")},
+        "cpu_us_per_job": {
+            "worker": us("worker_cpu_s"),
+            "backends": us("backends_cpu_s"),
+            "server": us("server_cpu_s"),
+        },
     }
 
 
@@ -991,9 +1003,13 @@ def cpu_table(runs: Sequence[dict[str, Any]], floor: dict[str, Any] | None, peer
         )
     for peer in peers:
         us = peer.get("cpu_us_per_job", {})
+        worker, backends = us.get("worker"), us.get("backends")
+        both = worker + backends if worker is not None and backends is not None else None
+        ratio = both / floor_total if both and floor_total else None
         lines.append(
             f"| postgres | {peer['name']} | {fmt(peer.get('jobs_per_s'))} | - | - | "
-            f"{fmt(us.get('worker'))} | - | {fmt(us.get('server'))} | - | - |"
+            f"{fmt(worker)} | {fmt(backends)} | {fmt(us.get('server'))} | {fmt(both)} | "
+            f"{fmt(ratio, 1)}{'x' if ratio else ''} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -1079,7 +1095,8 @@ def database_path(args: argparse.Namespace, name: str, workdir: Path) -> Iterato
         with pgserver.connect_admin(config) as admin:
             pgserver.create_database(admin, args.db_name, MARK)
         try:
-            yield Postgres(pgserver.with_database(admin_url, args.db_name), admin_url, label)
+            url = pgserver.with_database(admin_url, args.db_name)
+            yield Postgres(url, admin_url, label, datname=args.db_name)
         finally:
             if not args.keep:
                 with pgserver.connect_admin(config) as admin:

@@ -47,6 +47,11 @@ What it does (issue 32):
    PgQueuer's first ``picked`` and last ``successful`` row of its log table (both
    ``now()`` of the statement's transaction). The **rate from spawn**: jobs / (last end -
    the spawn of the worker command, ``time.time()`` on this machine): start-up included.
+   The **CPU per job** over the same window (start-up and exit left out), read every
+   20 ms from ``/proc`` by ``bench/cost_model.py``'s sampler: of the worker command and
+   every process under it (PgQueuer's forked processes; a worker's slots, or
+   ``--processes``' workers), and of the PostgreSQL backends serving the system's
+   database (``pg_stat_activity``); the server must run on this machine, else ``-``.
 7. **Checks** (a failure exits 1): every job done exactly once (this project: every job
    ``succeeded`` at attempt 1, no attempt row; PgQueuer: its queue table empty, one
    ``picked`` and one ``successful`` log row per job), the worker exited 0 within
@@ -57,7 +62,8 @@ What it does (issue 32):
 
 Output: a line per drain, the grid, the side-by-side table and the verdict; ``--output``
 (default ``artifacts/bench/pgqueuer_drain.json``) holds every run with the machine, the
-server and the settings; ``--markdown`` writes the tables.
+server and the settings, and under ``"cost"`` PgQueuer's best row as
+``bench/cost_model.py`` reads a peer; ``--markdown`` writes the tables.
 """
 
 from __future__ import annotations
@@ -92,6 +98,9 @@ CHUNK = 10000
 SMOKE = {"jobs": 300, "rounds": 1}
 PGQ_TABLES = "pgqueuer, pgqueuer_log, pgqueuer_statistics"
 OUR_TABLES = "leasejobs_attempt, leasejobs_job, leasejobs_worker"
+CPU_KINDS = ("worker", "backends")
+"""CPU per job of a drain: the worker command's processes (every one it started), and the
+database backends serving its database (``bench/cost_model.py``'s sampler)."""
 
 ENQUEUE = """\
 import sys
@@ -275,11 +284,13 @@ def median(values: Sequence[float | None]) -> float | None:
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One row's medians and ranges over its runs, and whether every run was clean."""
     drains = [r["drain_rate"] for r in runs if r["drain_rate"] is not None]
+    cpu = [r.get("cpu_us_per_job", {}) for r in runs]
     return {
         "runs": len(runs),
         "drain_rate": median(drains),
         "drain_range": [min(drains), max(drains)] if drains else None,
         "spawn_rate": median([r["spawn_rate"] for r in runs]),
+        "cpu_us_per_job": {kind: median([c.get(kind) for c in cpu]) for kind in CPU_KINDS},
         "clean": all(not r["problems"] for r in runs),
     }
 
@@ -346,8 +357,9 @@ def grid_table(grid: dict[str, dict[str, Any]], rows: dict[str, Row], best: str)
 def side_table(table: dict[str, dict[str, Any]], rows: dict[str, Row], best_ours: str) -> str:
     out = [
         "| system | configuration | jobs in flight at most | jobs/s, drain (median) | range | "
-        "jobs/s from spawn | our best ÷ row | every job once |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "jobs/s from spawn | our best ÷ row | CPU µs per job: worker | db backends | both "
+        "| every job once |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     reference = table.get(best_ours, {}).get("drain_rate")
     for key, s in table.items():
@@ -358,10 +370,13 @@ def side_table(table: dict[str, dict[str, Any]], rows: dict[str, Row], best_ours
             if key == best_ours
             else (f"{reference / s['drain_rate']:.2f}x" if reference and s["drain_rate"] else "-")
         )
+        cpu = s.get("cpu_us_per_job", {})
+        worker, backends = cpu.get("worker"), cpu.get("backends")
+        both = worker + backends if worker is not None and backends is not None else None
         out.append(
             f"| {row.system} | {label} | {row.in_flight} | {_fmt(s['drain_rate'])} | "
-            f"{_range(s)} | {_fmt(s['spawn_rate'])} | {ratio} | "
-            f"{'yes' if s['clean'] else 'NO'} |"
+            f"{_range(s)} | {_fmt(s['spawn_rate'])} | {ratio} | {_fmt(worker)} | "
+            f"{_fmt(backends)} | {_fmt(both)} | {'yes' if s['clean'] else 'NO'} |"
         )
     return "\n".join(out) + "\n"
 
@@ -475,12 +490,22 @@ def conninfo_of(config: dict[str, Any], database: str) -> str:
 class Bench:
     """Both systems on one server, each in its database; one method per drain."""
 
-    def __init__(self, args: argparse.Namespace, ours_url: str, ours_dsn: str, pgq_dsn: str):
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        ours_url: str,
+        ours_dsn: str,
+        pgq_dsn: str,
+        watched: dict[str, Any],
+    ):
         import shim  # (bench/, beside this script)
 
         self.args = args
         self.ours_dsn = ours_dsn
         self.pgq_dsn = pgq_dsn
+        self.watched = watched
+        """Per system (``ours``, ``pgq``): its database as ``cost_model.Postgres``, whose
+        sampler reads the CPU of the worker command and of the backends serving it."""
         self.workdir = Path(tempfile.mkdtemp(prefix="leasejobs-pgq-drain-"))
         settings_module, self.task_module = shim.write(self.workdir, SHIM)
         paths = [str(self.workdir), str(REPO_ROOT / "testproject"), str(REPO_ROOT), str(BENCH_DIR)]
@@ -507,8 +532,11 @@ class Bench:
             cursor = conn.execute(sql)
             return list(cursor.fetchall()) if cursor.description else []
 
-    def spawn(self, row: Row, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
-        """Run one worker command to its end; its spawn time and the problems seen."""
+    def spawn(self, row: Row, argv: list[str], env: dict[str, str], system: str) -> dict[str, Any]:
+        """Run one worker command to its end; its spawn time, the problems seen and the
+        CPU readings taken meanwhile (``points``: the command's processes, the backends
+        serving ``system``'s database; the last one after it exited, before its reaping)."""
+        from cost_model import CpuSampler, wait_unreaped
         from pgserver import stop_workers
 
         log_path = self.workdir / f"{row.key}-{time.monotonic_ns()}.log"
@@ -523,33 +551,45 @@ class Bench:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+            sampler = CpuSampler(self.proc.pid, self.watched[system])
+            sampler.start()
             try:
-                status = self.proc.wait(timeout=self.args.timeout)
-                if status:
-                    problems.append(f"the worker exited with status {status}")
-            except subprocess.TimeoutExpired:
-                problems.append(f"not done after {self.args.timeout:g} s")
+                if not wait_unreaped(self.proc, self.args.timeout):
+                    problems.append(f"not done after {self.args.timeout:g} s")
             finally:
                 exited = time.time()
+                sampler.stop.set()
+                sampler.join(timeout=10)
+                status = self.proc.poll()
                 stop_workers([self.proc])
                 self.proc = None
+            if status:
+                problems.append(f"the worker exited with status {status}")
         text = log_path.read_text(errors="replace")
         if "Traceback" in text or " ERROR " in text or "ERROR:" in text:
             problems.append(f"an error in the worker's log ({log_path})")
-        return {"spawned": spawned, "exit_s": exited - spawned, "problems": problems}
+        return {
+            "spawned": spawned,
+            "exit_s": exited - spawned,
+            "problems": problems,
+            "points": sampler.points,
+        }
 
     def drain(self, row: Row) -> dict[str, Any]:
         run = self.pgqueuer(row) if isinstance(row, PgqRow) else self.ours(row)
-        jobs = self.args.jobs
+        jobs, first = self.args.jobs, run.pop("first_start")
         run.update(
             key=row.key,
             jobs=jobs,
-            drain_rate=rate(jobs, run.pop("first_start"), run["last_end"]),
+            drain_rate=rate(jobs, first, run["last_end"]),
             spawn_rate=rate(jobs, run["spawned"], run["last_end"]),
+            cpu_us_per_job=cpu_per_job(run.pop("points"), jobs, first, run["last_end"]),
         )
+        cpu = run["cpu_us_per_job"]
         print(
             f"{row.system}, {row.settings}: {_fmt(run['drain_rate'])} jobs/s drain, "
-            f"{_fmt(run['spawn_rate'])} from spawn, exit after {run['exit_s']:.2f} s; "
+            f"{_fmt(run['spawn_rate'])} from spawn, exit after {run['exit_s']:.2f} s; CPU per "
+            f"job {_fmt(cpu['worker'])} µs worker, {_fmt(cpu['backends'])} µs db backends; "
             + ("ok" if not run["problems"] else "PROBLEMS: " + "; ".join(run["problems"])),
             flush=True,
         )
@@ -564,7 +604,7 @@ class Bench:
             *(sys.executable, str(Path(__file__).resolve()), "--consume", self.pgq_dsn),
             *(str(row.processes), str(row.managers), str(row.batch), str(row.cap)),
         ]
-        run = self.spawn(row, argv, dict(os.environ))
+        run = self.spawn(row, argv, dict(os.environ), "pgq")
         [(first, last, picked, done, distinct, left)] = self.execute(
             self.pgq_dsn,
             "SELECT EXTRACT(EPOCH FROM min(created) FILTER (WHERE status = 'picked')), "
@@ -598,7 +638,7 @@ class Bench:
             *(("--processes", str(row.processes)) if row.processes > 1 else ()),
             *(("--sync-on-loop",) if row.sync_on_loop else ()),
         ]
-        run = self.spawn(row, argv, self.env)
+        run = self.spawn(row, argv, self.env, "ours")
         [(first, last, total, good, attempts)] = self.execute(
             self.ours_dsn,
             "SELECT EXTRACT(EPOCH FROM min(started_at)), EXTRACT(EPOCH FROM max(finished_at)), "
@@ -624,6 +664,22 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+def cpu_per_job(
+    points: Sequence[Any], jobs: int, first: float | None, last: float | None
+) -> dict[str, float | None]:
+    """CPU µs per job between the drain's first start and last end (``CPU_KINDS``): the
+    worker command's processes (``cost_model``'s parent and slots: the command and every
+    process under it) and the database backends serving it."""
+    from cost_model import per_job_us, window
+
+    if first is None or last is None or last <= first or not points:
+        return dict.fromkeys(CPU_KINDS)
+    cpu = window(points, first, last)
+    parent, under = cpu["parent"], cpu["slots"]
+    worker = None if parent is None else parent + (under or 0.0)
+    return {"worker": per_job_us(worker, jobs), "backends": per_job_us(cpu["backends"], jobs)}
+
+
 def run_rounds(
     bench: Bench, rows: Sequence[Row], rounds: int, label: str
 ) -> dict[str, list[dict[str, Any]]]:
@@ -634,6 +690,23 @@ def run_rounds(
         for row in rotated(rows, index):
             runs[row.key].append(bench.drain(row))
     return runs
+
+
+def peer_cost(row: Row, summary: dict[str, Any], jobs: int) -> dict[str, Any]:
+    """PgQueuer's best row as ``bench/cost_model.py`` reads a peer (``--peer``): its
+    median drain rate and CPU seconds per drain, of its processes and of its backends."""
+
+    def seconds(kind: str) -> float | None:
+        us = summary.get("cpu_us_per_job", {}).get(kind)
+        return None if us is None else us * jobs / 1e6
+
+    return {
+        "settings": row.settings,
+        "jobs": jobs,
+        "jobs_per_s": summary["drain_rate"],
+        "worker_cpu_s": seconds("worker"),
+        "backends_cpu_s": seconds("backends"),
+    }
 
 
 def measure(bench: Bench) -> dict[str, Any]:
@@ -654,6 +727,7 @@ def measure(bench: Bench) -> dict[str, Any]:
         "table": table,
         "runs": runs,
         "verdict": verdict({r.key: table[r.key] for r in ours}, table[best_key]),
+        "cost": peer_cost(best, table[best_key], args.jobs),
         "rows": {row.key: row for row in [*args.grid, *rows]},
     }
 
@@ -727,11 +801,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name in (args.db_name, peer_db):
                 create_database(admin, name, MARK)
         try:
+            from cost_model import Postgres
+
+            ours_url = with_database(admin_url, args.db_name)
+            watched = {
+                "ours": Postgres(ours_url, admin_url, label, datname=args.db_name),
+                "pgq": Postgres(with_database(admin_url, peer_db), admin_url, label, peer_db),
+            }
             bench = Bench(
                 args,
-                with_database(admin_url, args.db_name),
+                ours_url,
                 conninfo_of(config, args.db_name),
                 conninfo_of(config, peer_db),
+                watched,
             )
             server = {**server_settings(bench.pgq_dsn, bench), "kind": label}
             print(

@@ -141,9 +141,29 @@ def test_a_peer_json_gives_a_row_and_missing_figures_stay_empty(tmp_path: Path) 
     path = tmp_path / "pgq.json"
     path.write_text(json.dumps({"cost": {"jobs": 1000, "jobs_per_s": 900.0, "worker_cpu_s": 0.2}}))
     peer = cost.read_peer("pgqueuer", path)
-    assert peer["cpu_us_per_job"] == {"worker": pytest.approx(200.0), "server": None}
+    assert peer["cpu_us_per_job"] == {
+        "worker": pytest.approx(200.0),
+        "backends": None,
+        "server": None,
+    }
     table = cost.cpu_table([], None, [peer])
     assert "| postgres | pgqueuer | 900 | - | - | 200 | - | - | - | - |" in table
+    # With its backends' CPU (bench/pgqueuer_drain.py writes it): a total and a ratio.
+    path.write_text(
+        json.dumps(
+            {
+                "cost": {
+                    "jobs": 1000,
+                    "jobs_per_s": 900.0,
+                    "worker_cpu_s": 0.03,
+                    "backends_cpu_s": 0.05,
+                }
+            }
+        )
+    )
+    floor = {"jobs_per_s": 20000.0, "cpu_us_per_job": {"parent": 8.0, "backends": 32.0}}
+    table = cost.cpu_table([], floor, [cost.read_peer("pgqueuer", path)])
+    assert "| postgres | pgqueuer | 900 | - | - | 30 | 50 | - | 80 | 2.0x |" in table
     assert "error" in cost.read_peer("pgqueuer", tmp_path / "missing.json")
 
 
@@ -164,3 +184,37 @@ def test_a_tiny_run_on_sqlite_end_to_end(tmp_path: Path) -> None:
     assert run["clean"] and run["database"] == "sqlite" and run["config"] == "thread-4"
     assert run["rate"] and run["cpu_us_per_job"]["parent"] is not None
     assert "| sqlite | thread-4 |" in result.stdout
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
+def test_a_process_trees_cpu_counts_its_grandchildren() -> None:
+    """``runworker --processes``' slots are grandchildren of the command: the tree's CPU
+    (and the part under the command, ``slots_cpu``) holds theirs."""
+    import subprocess
+    import sys
+
+    # A command whose child starts a grandchild that burns CPU, says so, and waits.
+    grandchild = (
+        "import sys, time\n"
+        "end = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\n"
+        "print('burnt', flush=True); sys.stdin.read()"
+    )
+    child = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])"
+    command = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "burnt\n"
+        [middle] = cost.live_children(proc.pid)
+        [leaf] = cost.live_children(middle)
+        burnt = cost.proc_times(leaf)[0]
+        assert burnt >= 0.25
+        assert cost.tree_cpu(proc.pid) >= burnt
+        assert cost.slots_cpu(proc.pid) >= burnt
+        assert cost.slots_cpu(leaf) == 0.0  # nothing under it
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=30)

@@ -7,7 +7,9 @@ No timing is asserted here: speed targets live in bench/, never in tests.
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from django.db import connection
 from tests.bench.scripts import load_bench, run_bench
 
 drain = load_bench("pgqueuer_drain")
+drain_cpu = load_bench("cost_model")  # (its sampler's readings and its peer row)
 
 
 @pytest.mark.slow
@@ -130,7 +133,42 @@ def test_tables_mark_the_best_rows() -> None:
     table = {best.key: drain.summarize([_run(5000.0)]), ours.key: drain.summarize([_run(7500.0)])}
     lines = drain.side_table(table, rows, ours.key).strip().splitlines()
     assert lines[2].startswith("| PgQueuer | 2 QueueManagers x batch_size=100, no cap, mode=drain")
-    assert "(best) | no limit | 5,000 | 5,000-5,000 | - | 1.50x | yes |" in lines[2]
-    assert lines[3].endswith("| 7,500 | 7,500-7,500 | - | reference | yes |")
+    assert "(best) | no limit | 5,000 | 5,000-5,000 | - | 1.50x | - | - | - | yes |" in lines[2]
+    assert lines[3].endswith("| 7,500 | 7,500-7,500 | - | reference | - | - | - | yes |")
+    # CPU per job: the medians of the runs, and their sum.
+    measured = {**_run(7500.0), "cpu_us_per_job": {"worker": 40.0, "backends": 30.0}}
+    table[ours.key] = drain.summarize([measured])
+    lines = drain.side_table(table, rows, ours.key).strip().splitlines()
+    assert lines[3].endswith("| reference | 40 | 30 | 70 | yes |")
     grid = drain.grid_table({best.key: table[best.key]}, rows, best.key).strip().splitlines()
     assert grid[2] == "| 1 | 2 | 100 | no cap | 5,000 **(best)** | - | 1 |"
+
+
+def test_cpu_per_job_is_the_drain_window_over_the_jobs() -> None:
+    def point(at: float, parent: float, under: float, backends: float) -> object:
+        cpu = {"parent": parent, "slots": under, "backends": backends, "server": None}
+        return drain_cpu.Point(at, cpu)
+
+    points = [point(10.0, 1.0, 0.0, 0.0), point(12.0, 2.0, 1.0, 0.5), point(14.0, 2.0, 1.0, 0.5)]
+    # From 11 to 12: the command 0.5 s and what runs under it 0.5 s, backends 0.25 s.
+    cpu = drain.cpu_per_job(points, 1000, 11.0, 12.0)
+    assert cpu == {"worker": pytest.approx(1000.0), "backends": pytest.approx(250.0)}
+    assert drain.cpu_per_job(points, 1000, None, 12.0) == {"worker": None, "backends": None}
+    assert drain.cpu_per_job([], 1000, 11.0, 12.0) == {"worker": None, "backends": None}
+
+
+def test_pgqueuers_best_row_is_written_as_the_cost_models_peer(tmp_path: Path) -> None:
+    best = drain.PgqRow(2, 100, 0, processes=2, name="best")
+    runs = [
+        {**_run(20000.0), "cpu_us_per_job": {"worker": 50.0, "backends": 40.0}},
+        {**_run(24000.0), "cpu_us_per_job": {"worker": 30.0, "backends": 20.0}},
+    ]
+    cost = drain.peer_cost(best, drain.summarize(runs), 40000)
+    assert cost["jobs_per_s"] == 22000.0
+    assert cost["worker_cpu_s"] == pytest.approx(1.6)  # 40 µs x 40,000
+    assert cost["backends_cpu_s"] == pytest.approx(1.2)
+    path = tmp_path / "pgq.json"
+    path.write_text(json.dumps({"cost": cost}))
+    peer = drain_cpu.read_peer("pgqueuer", path)
+    assert peer["cpu_us_per_job"]["worker"] == pytest.approx(40.0)
+    assert peer["cpu_us_per_job"]["backends"] == pytest.approx(30.0)
