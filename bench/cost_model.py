@@ -12,8 +12,8 @@ For each database path (``--databases``: ``postgres``, a private server with pro
 settings from ``bench/pgserver.py``, or ``DATABASE_URL``'s; ``sqlite``, a file; ``mariadb``,
 ``--mariadb-url``) and each worker configuration (``--configs``: ``process-4``,
 ``thread-4``, ``thread-16``, ``async-process-4``: ``async def`` no-op jobs on the process
-pool's event loops), in a database of its own (``lj_cost_bench``, marked, dropped at the
-end):
+pool's event loops, ``sync-loop-process-4``: sync ones there, ``--sync-on-loop``), in a
+database of its own (``lj_cost_bench``, marked, dropped at the end):
 
 1. **drain**: ``--jobs`` no-op jobs enqueued with ``bulk_enqueue``, then ONE ``runworker
    --burst --pool P --concurrency C --no-scheduler`` (``DEBUG`` off: the shim's); a sampler thread
@@ -89,6 +89,8 @@ class Config:
     pool: str
     concurrency: int
     task: str
+    sync_on_loop: bool = False
+    """``--sync-on-loop``: sync jobs on the process slots' event loops, each in a thread."""
 
 
 CONFIGS = {
@@ -96,6 +98,7 @@ CONFIGS = {
     "thread-4": Config("thread", 4, "noop"),
     "thread-16": Config("thread", 16, "noop"),
     "async-process-4": Config("process", 4, "anoop"),
+    "sync-loop-process-4": Config("process", 4, "noop", sync_on_loop=True),
 }
 DATABASES = ("postgres", "sqlite", "mariadb")
 PORTABLE_CONFIGS = ("process-4", "thread-4")
@@ -801,6 +804,7 @@ class Bench:
         return [
             *(sys.executable, str(self.manage), "runworker", "--burst", "--no-scheduler"),
             *("--pool", config.pool, "--concurrency", str(config.concurrency)),
+            *(("--sync-on-loop",) if config.sync_on_loop else ()),
             *("--worker-id", f"cost-{name}"),
         ]
 

@@ -34,11 +34,9 @@ import signal
 import struct
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections, connections
@@ -51,6 +49,7 @@ from .execution import (
     LostFlag,
     Outcome,
     ProgressSink,
+    error_info,
     execute,
     execute_async,
 )
@@ -168,24 +167,30 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view) :]
 
 
+class Sender(Protocol):
+    """Writes one message to the parent's pipe (``ring_after``: then rings the bell)."""
+
+    def __call__(self, message: Any, *, ring_after: bool) -> None: ...
+
+
 class SlotLoop:
-    """The event loop of a slot's child, in a thread of its own (started with the first
-    job it runs): runs the jobs it is given at once, each in an asyncio task named after
-    its lease, and delivers ``CancelledError`` to a job the parent stops. A sync job
-    (``--sync-on-loop``) runs in a thread of the loop's own, its task waiting for it.
+    """The jobs a slot's child runs many at once (``ASYNC_CONCURRENCY``): ``async def``
+    ones on an event loop in a thread of its own (started with the first such job), each
+    in an asyncio task named after its lease, sent ``CancelledError`` when the parent
+    stops it; sync ones (``--sync-on-loop``) each in a thread of the slot's own
+    (``SyncThreads``), off the loop.
 
-    Outcomes and progress go to a sender thread, which writes them to the pipe: the loop
-    never waits on a parent slow to read. A monitor thread measures how long the loop
-    has been held (``values[BLOCKED_NS]``) and names the job whose step holds it."""
+    Outcomes and progress go to a sender thread, which writes them to the pipe: no job
+    waits on a parent slow to read, and a burst of outcomes rings the parent's bell once.
+    A monitor thread measures how long the loop has been held (``values[BLOCKED_NS]``)
+    and names the job whose step holds it."""
 
-    def __init__(self, state: SlotState, send: Callable[[Any], None]) -> None:
+    def __init__(self, state: SlotState, send: Sender) -> None:
         self.state = state
         self.loop = asyncio.new_event_loop()
         self.tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.threads: ThreadPoolExecutor | None = None
-        """The threads of sync jobs, made with the first (as many as the parent runs at
-        once on the loop: a job never waits for a thread after it started)."""
+        self.sync = SyncThreads(state.loop_jobs, self.outbox, self._progress)
         for target, name in (
             (self._run, "leasejobs-loop"),
             (self._monitor, "leasejobs-loop-monitor"),
@@ -194,12 +199,19 @@ class SlotLoop:
             threading.Thread(target=target, name=name, daemon=True).start()
 
     def start(self, specs: list[JobSpec]) -> None:
-        """Start a batch of jobs (after one look at the database connection their
-        ``sync_to_async`` calls share: broken or too old, it is closed)."""
-        self.loop.call_soon_threadsafe(self._start, specs)
+        """Start a batch of jobs: sync ones in their threads at once; coroutines on the
+        loop, after one look at the database connection their ``sync_to_async`` calls
+        share (broken or too old, it is closed)."""
+        coroutines = [spec for spec in specs if spec.coroutine]
+        for spec in specs:
+            if not spec.coroutine:
+                self.sync.start(spec)
+        if coroutines:
+            self.loop.call_soon_threadsafe(self._start, coroutines)
 
     def cancel(self, lease: tuple[int, int]) -> None:
-        self.loop.call_soon_threadsafe(self._cancel, lease)
+        if not self.sync.stop(lease):
+            self.loop.call_soon_threadsafe(self._cancel, lease)
 
     def _run(self) -> None:
         self.state.values[LOOP_THREAD] = threading.get_native_id()
@@ -211,9 +223,11 @@ class SlotLoop:
         self.state.values[LOOP_NS] = time.monotonic_ns()
         self.loop.call_later(LOOP_TICK, self._tick)
 
-    def _send_all(self, send: Callable[[Any], None]) -> None:
+    def _send_all(self, send: Sender) -> None:
         while True:
-            send(self.outbox.get())
+            message = self.outbox.get()
+            # The last message of a burst rings: the parent reads them all at once.
+            send(message, ring_after=self.outbox.empty())
 
     def _monitor(self) -> None:
         """Every ``LOOP_TICK``: if the loop did not tick since the last look, add the time
@@ -264,50 +278,77 @@ class SlotLoop:
         if task is not None:
             task.cancel()
 
-    async def _job(self, spec: JobSpec) -> None:
-        def progress(lease: tuple[int, int], fraction: float | None, text: str | None) -> None:
-            self.outbox.put((MSG_PROGRESS, lease, fraction, text))
+    def _progress(self, lease: tuple[int, int], fraction: float | None, text: str | None) -> None:
+        self.outbox.put((MSG_PROGRESS, lease, fraction, text))
 
-        if spec.coroutine:
-            outcome = await execute_async(spec, progress_sink=progress)
-        else:
-            outcome = await self._in_thread(spec, progress)
+    async def _job(self, spec: JobSpec) -> None:
+        outcome = await execute_async(spec, progress_sink=self._progress)
         self.tasks.pop(spec.job.lease, None)
         self.outbox.put((MSG_OUTCOME, outcome))
 
-    async def _in_thread(self, spec: JobSpec, progress: ProgressSink) -> Outcome:
-        """A sync job, in a thread: the stop the parent sends (``CancelledError``) sets
-        its ``context.lease_lost`` and is otherwise waited out, since a thread cannot be
-        stopped. Its outcome then reads as stopped (``Outcome.cancelled``); one that
-        outlives ``LOCK_LOST_GRACE`` has the parent kill the slot, as a coroutine that
-        ignores its ``CancelledError`` does."""
-        if self.threads is None:
-            self.threads = ThreadPoolExecutor(
-                max_workers=self.state.loop_jobs, thread_name_prefix="leasejobs-loop-job"
-            )
-        flag = LostFlag()
-        running = self.loop.run_in_executor(self.threads, _run_in_thread, spec, progress, flag)
+
+class SyncThreads:
+    """The threads that run a slot's sync jobs many at once (``--sync-on-loop``), off
+    its event loop: a job goes to an idle thread, or to a new one while fewer than
+    ``size`` exist (the most jobs the parent runs at once there: a job never waits for a
+    thread after it started). Each outcome goes to ``outbox`` as its job ends.
+
+    A stop sets the job's ``context.lease_lost`` and is otherwise waited out, since a
+    thread cannot be stopped; its outcome then reads as stopped (``Outcome.cancelled``).
+    One that outlives ``LOCK_LOST_GRACE`` has the parent kill the slot, as a coroutine
+    that ignores its ``CancelledError`` does."""
+
+    def __init__(self, size: int, outbox: queue.SimpleQueue[Any], progress: ProgressSink) -> None:
+        self.size = max(1, size)
+        self.outbox = outbox
+        self.progress = progress
+        self._jobs: queue.SimpleQueue[JobSpec] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._flags: dict[tuple[int, int], LostFlag] = {}
+        """The jobs handed over and not ended, with their flags (under ``_lock``)."""
+        self._threads = 0
+        self._idle = 0
+        """Threads waiting for a job that no job handed over has claimed yet."""
+
+    def start(self, spec: JobSpec) -> None:
+        with self._lock:
+            self._flags[spec.job.lease] = LostFlag()
+            if self._idle:
+                self._idle -= 1
+            elif self._threads < self.size:
+                self._threads += 1
+                name = f"leasejobs-loop-job-{self._threads}"
+                threading.Thread(target=self._serve, name=name, daemon=True).start()
+        self._jobs.put(spec)
+
+    def stop(self, lease: tuple[int, int]) -> bool:
+        """Tell the sync job ``lease`` to stop; False if no such job runs here."""
+        with self._lock:
+            flag = self._flags.get(lease)
+        if flag is None:
+            return False
+        flag.set()
+        return True
+
+    def _serve(self) -> None:
         while True:
+            spec = self._jobs.get()
+            lease = spec.job.lease
+            with self._lock:
+                flag = self._flags[lease]
             try:
-                outcome = await asyncio.shield(running)
-            except asyncio.CancelledError:
-                flag.set()
-                continue
-            return replace(outcome, cancelled=True) if flag.is_set() else outcome
-
-
-def _run_in_thread(
-    spec: JobSpec,
-    progress: ProgressSink,
-    flag: LostFlag,
-) -> Outcome:
-    """One sync job in a thread of a slot's event loop; the thread's database
-    connections closed after it, as a thread-pool slot's are."""
-    try:
-        return execute(spec, progress_sink=progress, lost_flag=flag)
-    finally:
-        with contextlib.suppress(Exception):
-            connections.close_all()
+                outcome = execute(spec, progress_sink=self.progress, lost_flag=flag)
+            except BaseException as exc:  # execute raises nothing; if it did, not the thread
+                outcome = Outcome(lease, ok=False, error=error_info(exc))
+            finally:
+                with contextlib.suppress(Exception):
+                    connections.close_all()  # as a thread-pool slot's are
+            with self._lock:
+                del self._flags[lease]
+                self._idle += 1  # before the outcome: the parent may send the next job
+            if flag.is_set():
+                outcome = replace(outcome, cancelled=True)
+            self.outbox.put((MSG_OUTCOME, outcome))
 
 
 TASK_NAME_PREFIX = "leasejobs-job:"
@@ -395,7 +436,7 @@ def child_main(
                 if spec.on_loop:
                     if loop is None:
                         depth_limits(spec.database)  # (looked up here: no query on the loop)
-                        loop = SlotLoop(state, lambda message: send(message, ring_after=True))
+                        loop = SlotLoop(state, send)
                     to_loop.append(spec)
                     continue
                 close_old_connections()

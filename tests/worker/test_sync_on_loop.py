@@ -56,7 +56,11 @@ def test_the_slot_runs_no_more_at_once_than_async_concurrency(workers, marker_di
     worker = workers.start(args=[*ON_LOOP, "--async-concurrency", "4", "--burst"])
     assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
     assert statuses(ids) == {JobStatus.SUCCEEDED: 12}
-    events = [(float(clock), 1) for *_, clock in lines(marker_dir, "doze.starts")]
+    starts = lines(marker_dir, "doze.starts")
+    # Three waves of four, in the threads of the first: a thread is made only while every
+    # one there is busy (none per job), and no more than --async-concurrency of them.
+    assert len({thread for _, _, _, thread, _ in starts}) == 4
+    events = [(float(clock), 1) for *_, clock in starts]
     events += [(float(clock), -1) for *_, clock in lines(marker_dir, "doze.ends")]
     running = most = 0
     for _, step in sorted(events, key=lambda event: (event[0], event[1])):
