@@ -1,5 +1,5 @@
 """Sync tasks for tests/worker/test_sync_on_loop.py (``runworker --sync-on-loop``): they
-run many at once, each in a thread of a slot's event loop, and leave evidence in files
+run many at once, each in a thread of a slot's own, and leave evidence in files
 (one line per event, written at once) so tests count runs and stops without sleeping
 blindly.
 """
