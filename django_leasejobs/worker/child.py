@@ -47,11 +47,10 @@ from . import stacks
 from .execution import (
     JobSpec,
     LostFlag,
-    Outcome,
     ProgressSink,
-    error_info,
     execute,
     execute_async,
+    in_own_thread,
 )
 
 # Messages: child -> parent
@@ -336,13 +335,9 @@ class SyncThreads:
             lease = spec.job.lease
             with self._lock:
                 flag = self._flags[lease]
-            try:
-                outcome = execute(spec, progress_sink=self.progress, lost_flag=flag)
-            except BaseException as exc:  # execute raises nothing; if it did, not the thread
-                outcome = Outcome(lease, ok=False, error=error_info(exc))
-            finally:
-                with contextlib.suppress(Exception):
-                    connections.close_all()  # as a thread-pool slot's are
+            outcome = in_own_thread(
+                lease, execute, spec, progress_sink=self.progress, lost_flag=flag
+            )
             with self._lock:
                 del self._flags[lease]
                 self._idle += 1  # before the outcome: the parent may send the next job

@@ -16,9 +16,10 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ParamSpec
 
 from asgiref.sync import sync_to_async
+from django.db import connections
 
 from ..compat import AnyTask, AnyTaskResult, TaskContext, TaskError
 from ..exceptions import InvalidTaskArguments, UnknownTask
@@ -43,6 +44,8 @@ from ..serialization import json_value
 from ..tracing import atraced, traced
 
 logger = logging.getLogger("django_leasejobs")
+
+P = ParamSpec("P")
 
 NOT_RETRIED = Verdict(Decision.FAIL, "not retried: it would fail the same way again")
 
@@ -336,6 +339,23 @@ def execute(
     included) is that attempt's failure. An ``async def`` task runs to its end on an event
     loop of its own (``Task.call``)."""
     return traced(spec.job, spec.backend, lambda: _attempt(spec, progress_sink, lost_flag))
+
+
+def in_own_thread(
+    lease: tuple[int, int], attempt: Callable[P, Outcome], *args: P.args, **kwargs: P.kwargs
+) -> Outcome:
+    """Run one job's ``attempt(*args, **kwargs)`` in a thread that runs jobs one after
+    another (a thread-pool slot, or a slot's thread under ``--sync-on-loop``), and close
+    the thread's database connections after it, so no job inherits another's. Never
+    raises: neither :func:`execute` nor a coroutine's run does, and if one did, the
+    failure stays with the job ``lease``, never the thread."""
+    try:
+        return attempt(*args, **kwargs)
+    except BaseException as exc:
+        return Outcome(lease, ok=False, error=error_info(exc))
+    finally:
+        with contextlib.suppress(Exception):
+            connections.close_all()
 
 
 async def execute_async(

@@ -8,7 +8,6 @@ runs on under the same rule.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import deque
@@ -16,10 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from django.db import connections
-
 from ..child import RING_AFTER
-from ..execution import JobSpec, LostFlag, Outcome, error_info, execute
+from ..execution import JobSpec, LostFlag, execute, in_own_thread
 from .coroutine import SlotCoroutine
 from .events import Event, Lease, ProgressEvent, Retracted, Room, Started, StopAction
 
@@ -108,16 +105,13 @@ class ThreadPool:
                 slot.coroutine = coroutine
                 if coroutine is not None and flag.is_set():
                     coroutine.cancelled = True  # stopped as it started: cancelled as it begins
-            try:
-                if coroutine is not None:
-                    outcome = coroutine.run(spec, progress, flag)
-                else:
-                    outcome = execute(spec, progress_sink=progress, lost_flag=flag)
-            except BaseException as exc:  # neither path raises; if one did, not the slot
-                outcome = Outcome(spec.job.lease, ok=False, error=error_info(exc))
-            finally:
-                with contextlib.suppress(Exception):
-                    connections.close_all()
+            lease = spec.job.lease
+            if coroutine is not None:
+                outcome = in_own_thread(lease, coroutine.run, spec, progress, flag)
+            else:
+                outcome = in_own_thread(
+                    lease, execute, spec, progress_sink=progress, lost_flag=flag
+                )
             with self._lock:
                 slot.current = slot.coroutine = None
                 slot.abandoned = slot.stalled = False
