@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..child import RING_AFTER
-from ..execution import JobSpec, LostFlag, execute, in_own_thread
+from ..execution import JobSpec, LostFlag, Outcome, execute, in_own_thread
 from .coroutine import SlotCoroutine
 from .events import Event, Lease, ProgressEvent, Retracted, Room, Started, StopAction
 
@@ -69,10 +69,13 @@ class ThreadPool:
             thread.start()
             self._threads.append(thread)
 
-    def _next(self, slot: _ThreadSlot) -> tuple[JobSpec, LostFlag] | None:
-        """The next job this thread may start (a job whose ``start_by`` passed goes back
-        to the worker); None when the pool shuts down."""
+    def _next(self, slot: _ThreadSlot, ended: Outcome | None) -> tuple[JobSpec, LostFlag] | None:
+        """Report ``ended`` (the outcome of the job this thread ran last, if any) and take
+        the next job this thread may start, in one hold of the pool's lock (a job whose
+        ``start_by`` passed goes back to the worker); None when the pool shuts down."""
         with slot.work:
+            if ended is not None:
+                self._ended(slot, ended)
             while True:
                 while not slot.queue and not self._closing:
                     slot.work.wait()
@@ -92,39 +95,39 @@ class ThreadPool:
                 self._events.append(Retracted((spec.job.lease,)))
                 self._wake()
 
+    def _ended(self, slot: _ThreadSlot, outcome: Outcome) -> None:
+        """The job ``slot`` ran has ended (lock held): its outcome goes to the worker,
+        unless the job was stopped (its outcome is void); the slot is free again. Rings the
+        worker unless more short jobs follow in this slot (``RING_AFTER``)."""
+        slot.current = slot.coroutine = None
+        slot.abandoned = slot.stalled = False
+        self._flags.pop(outcome.lease, None)
+        if outcome.lease in self._abandoned:
+            self._abandoned.discard(outcome.lease)
+        else:
+            self._events.append(outcome)
+        if not slot.queue or outcome.duration >= RING_AFTER:
+            self._wake()
+
     def _run(self, slot: _ThreadSlot) -> None:
         def progress(lease: Lease, fraction: float | None, message: str | None) -> None:
             with self._lock:
                 self._events.append(ProgressEvent(lease, fraction, message))
             self._wake()
 
-        while (taken := self._next(slot)) is not None:
+        ended: Outcome | None = None
+        while (taken := self._next(slot, ended)) is not None:
             spec, flag = taken
-            coroutine = SlotCoroutine(self._lock) if spec.coroutine else None
-            with self._lock:
-                slot.coroutine = coroutine
-                if coroutine is not None and flag.is_set():
-                    coroutine.cancelled = True  # stopped as it started: cancelled as it begins
             lease = spec.job.lease
-            if coroutine is not None:
-                outcome = in_own_thread(lease, coroutine.run, spec, progress, flag)
+            if spec.coroutine:
+                coroutine = SlotCoroutine(self._lock)
+                with self._lock:
+                    slot.coroutine = coroutine
+                    if flag.is_set():
+                        coroutine.cancelled = True  # stopped as it started: cancelled as it begins
+                ended = in_own_thread(lease, coroutine.run, spec, progress, flag)
             else:
-                outcome = in_own_thread(
-                    lease, execute, spec, progress_sink=progress, lost_flag=flag
-                )
-            with self._lock:
-                slot.current = slot.coroutine = None
-                slot.abandoned = slot.stalled = False
-                self._flags.pop(outcome.lease, None)
-                if outcome.lease in self._abandoned:
-                    # Stopped earlier (lease lost, timeout...): the outcome is void; the
-                    # slot is free again.
-                    self._abandoned.discard(outcome.lease)
-                else:
-                    self._events.append(outcome)
-                quiet = bool(slot.queue) and outcome.duration < RING_AFTER
-            if not quiet:
-                self._wake()
+                ended = in_own_thread(lease, execute, spec, progress_sink=progress, lost_flag=flag)
 
     def shutdown(self) -> None:
         """Let the threads leave; wait up to ``stop_grace`` for those whose coroutine was
