@@ -12,6 +12,7 @@ percentile between 1 ms and 2**24 ms the value reported is within a factor of
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
 
 BUCKETS = 26
@@ -23,12 +24,11 @@ LARGEST = SMALLEST * 2 ** (BUCKETS - 2)
 
 
 def bucket_of(seconds: float) -> int:
-    """The bucket a duration falls in (a negative one, a clock's rounding, in bucket 0)."""
-    if seconds < SMALLEST:
-        return 0
-    if seconds >= LARGEST:
-        return BUCKETS - 1
-    return min(math.floor(math.log2(seconds / SMALLEST)) + 1, BUCKETS - 2)
+    """The bucket a duration falls in (a negative one, a clock's rounding, in bucket 0; a
+    NaN in the last): the number of buckets' lower edges at or below it, so that
+    ``lower_edge(b) <= seconds < upper_edge(b)`` holds exactly. One C call: a worker
+    counts two durations per job."""
+    return bisect_right(_EDGES, seconds)
 
 
 def lower_edge(bucket: int) -> float:
@@ -39,6 +39,10 @@ def lower_edge(bucket: int) -> float:
 def upper_edge(bucket: int) -> float:
     """The first duration past ``bucket``, in seconds (``inf`` for the last one)."""
     return math.inf if bucket == BUCKETS - 1 else SMALLEST * 2**bucket
+
+
+_EDGES = tuple(lower_edge(bucket) for bucket in range(1, BUCKETS))
+"""The lower edges of buckets 1 to ``BUCKETS - 1``, in order."""
 
 
 def representative(bucket: int) -> float:

@@ -9,10 +9,13 @@ the attempt's run time). The counters' meaning: docs/monitoring.md#trends.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from operator import attrgetter
 
 from .. import leases
+from ..histograms import bucket_of
 from ..leases import COUNTER_AT, ClaimedJob, RollupKey, Tally, minute_of, run_at, wait_at
 from .rounds import RoundPlan, RoundResult
 
@@ -20,6 +23,8 @@ _ENDED_AT = {status: COUNTER_AT[name] for status, name in leases.ENDING_COUNTERS
 """Where an ended attempt is counted, by the job's new status."""
 _STARTED_AT = COUNTER_AT["started"]
 _ENQUEUED_AT = COUNTER_AT["enqueued"]
+_RUN_AT = run_at(0.0)
+"""Where the run-time histogram starts in a row (its bucket 0)."""
 
 
 class _Rows:
@@ -36,10 +41,13 @@ class _Rows:
         self.known: dict[tuple[str, str, datetime], list[int]] = {}
 
     def __call__(self, job: ClaimedJob, when: datetime) -> list[int]:
-        found = self.known.get((job.queue, job.task_path, when))
+        return self.find(job.queue, job.task_path, when)
+
+    def find(self, queue: str, task_path: str, when: datetime) -> list[int]:
+        found = self.known.get((queue, task_path, when))
         if found is None:
-            key = RollupKey(self.backend, minute_of(when), job.queue, job.task_path)
-            found = self.known[(job.queue, job.task_path, when)] = self.tally.row(key)
+            key = RollupKey(self.backend, minute_of(when), queue, task_path)
+            found = self.known[(queue, task_path, when)] = self.tally.row(key)
         return found
 
 
@@ -64,7 +72,7 @@ def round_tally(plan: RoundPlan, result: RoundResult, backend: str) -> Tally:
             continue  # (a row without a claim time: written by hand)
         row = row_of(job, finished)
         row[at] += 1
-        row[run_at(duration)] += 1
+        row[_RUN_AT + bucket_of(duration)] += 1
     if result.deferred is not None:
         deferred = {r.job.lease: r.job for r, _ in plan.deferrals}
         for lease, status in result.deferred.dead.written.items():
@@ -81,16 +89,21 @@ def round_tally(plan: RoundPlan, result: RoundResult, backend: str) -> Tally:
     return tally
 
 
+_CLAIM_KEY = attrgetter("queue", "task_path", "last_attempted_at", "enqueued_at", "attempt")
+"""What a claim's counts depend on. The jobs of one claim share their claim time (one
+statement's), and often their queue, task and enqueue time (a bulk enqueue's): counted
+per distinct key (in C), the counts cost a few look-ups per round, not per job."""
+
+
 def _claims(row_of: _Rows, jobs: Iterable[ClaimedJob], sign: int) -> None:
     """Claims (``sign`` 1), or claims given back unused (-1, the same counts taken back):
     ``started`` in the claim's minute; for a job's first attempt also ``enqueued`` in the
     minute it was enqueued, and its wait from enqueue to this claim."""
-    for job in jobs:
-        claimed = job.last_attempted_at
+    for (queue, task_path, claimed, enqueued, attempt), n in Counter(map(_CLAIM_KEY, jobs)).items():
         if claimed is None:
             continue
-        row = row_of(job, claimed)
-        row[_STARTED_AT] += sign
-        if job.attempt == 1 and job.enqueued_at is not None:
-            row_of(job, job.enqueued_at)[_ENQUEUED_AT] += sign
-            row[wait_at((claimed - job.enqueued_at).total_seconds())] += sign
+        row = row_of.find(queue, task_path, claimed)
+        row[_STARTED_AT] += sign * n
+        if attempt == 1 and enqueued is not None:
+            row_of.find(queue, task_path, enqueued)[_ENQUEUED_AT] += sign * n
+            row[wait_at((claimed - enqueued).total_seconds())] += sign * n
