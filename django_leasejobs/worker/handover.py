@@ -68,6 +68,8 @@ class Handover:
         earlier."""
         now = time.monotonic()
         on_loop = 0
+        ready: list[RunningJob] = []
+        unknown: list[tuple[RunningJob, Ending]] = []
         for job in claimed:
             try:
                 task: AnyTask | None = registry.resolve(job.task_path)
@@ -75,8 +77,7 @@ class Handover:
                 if registry.is_task_path(job.task_path):
                     # Not deployed to this worker yet: give it back for one that knows it.
                     running = RunningJob(job=job, task=None, started=now)
-                    self.book.add(running, claim_sent, lease)
-                    self.recorder.record(running, Ending("unknown", str(exc)))
+                    unknown.append((running, Ending("unknown", str(exc))))
                     continue
                 task = None  # a malformed row: the slot reports the clear error
             except Exception:  # a module that fails to import
@@ -89,8 +90,11 @@ class Handover:
                 if self.loops and (self.sync_on_loop or running.coroutine):
                     running.on_loop = True
                     on_loop += 1
-            self.book.add(running, claim_sent, lease)
-            self.book.ready.append(running)
+            ready.append(running)
+        self.book.add([*ready, *(running for running, _ in unknown)], claim_sent, lease)
+        for running, ending in unknown:
+            self.recorder.record(running, ending)
+        self.book.ready.extend(ready)
         if self.loops:
             self.dispatcher.note_claimed(len(claimed), on_loop)
         self.dispatch()

@@ -70,11 +70,13 @@ class JobBook:
         self.finished = 0
         """Attempts that ran and ended (whatever their outcome), for ``--max-jobs``."""
 
-    def add(self, running: RunningJob, leased_at: float, seconds: float) -> None:
-        """Hold ``running``, whose lease of ``seconds`` the database counts from no
-        earlier than ``leased_at`` (monotonic: when its claim was sent)."""
-        self.running[running.job.lease] = running
-        self.table.add(running.job.lease, leased_at, seconds)
+    def add(self, runnings: list[RunningJob], leased_at: float, seconds: float) -> None:
+        """Hold ``runnings``, whose leases of ``seconds`` the database counts from no
+        earlier than ``leased_at`` (monotonic: when their claim was sent)."""
+        held = self.running
+        for running in runnings:
+            held[running.job.lease] = running
+        self.table.add([running.job.lease for running in runnings], leased_at, seconds)
 
     def forget(self, running: RunningJob, *, ran: bool = True) -> None:
         lease = running.job.lease

@@ -37,6 +37,12 @@ from .jobs import RunningJob, StopReason
 logger = logging.getLogger("django_leasejobs")
 
 
+_FAILED = frozenset(
+    str(status) for status, result in STATUS_TO_RESULT.items() if result == TaskResultStatus.FAILED
+)
+"""The job statuses whose TaskResult reads FAILED (a set: no ``JobStatus`` made per job)."""
+
+
 class Reporter(Announcer):
     """The announcer of a worker's own life (``announcer.py``), and of its jobs'."""
 
@@ -293,8 +299,8 @@ class Reporter(Announcer):
     ) -> None:
         if running.task is None or status == JobStatus.PENDING:
             return
-        failed = STATUS_TO_RESULT[JobStatus(status)] == TaskResultStatus.FAILED
-        if not must_send(task_finished, logging.ERROR if failed else logging.INFO):
+        level = logging.ERROR if status in _FAILED else logging.INFO
+        if not must_send(task_finished, level):
             return
         finished = self._finished_result(running, status, result, error)
         task_finished.send_robust(type(self.backend), task_result=finished)

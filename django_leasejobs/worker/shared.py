@@ -10,6 +10,7 @@ found to the loop's inbox (``inbox.py``); they never touch the loop's objects.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -83,13 +84,15 @@ class LeaseTable:
 
     # -- written by the main loop ---------------------------------------------------
 
-    def add(self, lease: Lease, now: float, seconds: float) -> None:
-        """Hold ``lease``, claimed by a statement sent at ``now`` for ``seconds``."""
+    def add(self, leases: Iterable[Lease], now: float, seconds: float) -> None:
+        """Hold ``leases``, claimed by a statement sent at ``now`` for ``seconds``."""
+        deadline = seconds - self.margin
         with self._lock:
-            self._generations += 1
-            self._held[lease] = _Held(
-                renewed_at=now, deadline=seconds - self.margin, generation=self._generations
-            )
+            held, generation = self._held, self._generations
+            for lease in leases:
+                generation += 1
+                held[lease] = _Held(now, deadline, generation)
+            self._generations = generation
 
     def generation(self, lease: Lease) -> int:
         """The generation of ``lease``'s entry (0: not in the table)."""

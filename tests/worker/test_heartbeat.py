@@ -53,7 +53,7 @@ def test_a_beat_renews_the_leases_held_and_does_nothing_else(
     tasks.add.enqueue(3, 4)
     claimed = leases.claim(worker.worker_id, limit=2, lease_duration=60)
     for job in claimed:
-        worker.book.table.add(job.lease, time.monotonic(), 60.0)
+        worker.book.table.add([job.lease], time.monotonic(), 60.0)
     before = {job.id: Job.objects.get(pk=job.id).heartbeat_at for job in claimed}
     heartbeat = Heartbeat(worker.thread_context(), threading.Event())
     statements = Statements()

@@ -176,7 +176,7 @@ def test_a_reap_pass_held_up_holds_up_no_renewal(worker: Worker) -> None:
     stale = stale_job()
     tasks.add.enqueue(3, 4)
     (held,) = leases.claim(worker.worker_id, limit=1, lease_duration=60)
-    worker.book.table.add(held.lease, time.monotonic(), 60.0)
+    worker.book.table.add([held.lease], time.monotonic(), 60.0)
     worker.options = dataclasses.replace(
         worker.options, heartbeat_interval=0.1, stale_lock_interval=0.1
     )

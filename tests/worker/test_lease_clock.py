@@ -52,7 +52,7 @@ def test_a_renewal_counts_from_when_it_was_sent(worker: Worker) -> None:
     (claimed,) = leases.claim(worker.worker_id, limit=1, lease_duration=60)
     table = worker.book.table
     before = time.monotonic()
-    table.add(claimed.lease, before, 60.0)
+    table.add([claimed.lease], before, 60.0)
     statement = FirstJobStatement()
     heartbeat = Heartbeat(worker.thread_context(), threading.Event())
     with connection.execute_wrapper(statement):

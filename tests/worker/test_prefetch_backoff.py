@@ -55,7 +55,7 @@ def prefetched(worker: Worker, count: int, waited: float) -> list[RunningJob]:
             checkpoint=None,
         )
         running = RunningJob(job=job, task=None, started=now - waited)
-        worker.book.add(running, now, worker.options.lease_duration)
+        worker.book.add([running], now, worker.options.lease_duration)
         worker.book.ready.append(running)
         jobs.append(running)
     return jobs

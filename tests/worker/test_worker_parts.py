@@ -37,9 +37,9 @@ Lease = tuple[int, int]
 
 def test_every_lease_not_presumed_lost_is_renewed_with_its_progress() -> None:
     table = LeaseTable(margin=1.0)
-    table.add((1, 1), now=100.0, seconds=LEASE)
-    table.add((2, 1), now=100.0, seconds=LEASE)
-    table.add((3, 1), now=100.0, seconds=LEASE)
+    table.add([(1, 1)], now=100.0, seconds=LEASE)
+    table.add([(2, 1)], now=100.0, seconds=LEASE)
+    table.add([(3, 1)], now=100.0, seconds=LEASE)
     table.set_progress((1, 1), Progress(0.5, "half"))
     table.recording((2, 1))  # its outcome waits to be written: still renewed
     table.let_go((3, 1))  # presumed lost: never again
@@ -58,8 +58,8 @@ def test_every_lease_not_presumed_lost_is_renewed_with_its_progress() -> None:
 
 def test_the_watchdog_reports_a_silent_lease_once_and_never_one_being_recorded() -> None:
     table = LeaseTable(margin=1.0)
-    table.add((1, 1), now=100.0, seconds=LEASE)
-    table.add((2, 1), now=100.0, seconds=LEASE)
+    table.add([(1, 1)], now=100.0, seconds=LEASE)
+    table.add([(2, 1)], now=100.0, seconds=LEASE)
     table.recording((2, 1))  # a slow write is no fault: the fenced write decides
     assert table.overdue(100.0 + DEADLINE) == []
     [found] = table.overdue(100.0 + DEADLINE + 0.1)
@@ -70,7 +70,7 @@ def test_the_watchdog_reports_a_silent_lease_once_and_never_one_being_recorded()
 
 def test_a_timeout_counts_from_the_hand_over_to_a_slot() -> None:
     table = LeaseTable(margin=1.0)
-    table.add((1, 1), now=100.0, seconds=1000.0)
+    table.add([(1, 1)], now=100.0, seconds=1000.0)
     assert table.overdue(150.0) == []  # waiting for a slot: no clock yet
     table.handed_over((1, 1), now=150.0, timeout=5.0)
     assert table.overdue(155.0) == []
@@ -159,7 +159,7 @@ def _finished(book: JobBook, recorder: Recorder, job_id: int, now: float) -> Run
         checkpoint=None,
     )
     running = RunningJob(job=job, task=None, started=now)
-    book.add(running, now, LEASE)
+    book.add([running], now, LEASE)
     recorder.record(running, Outcome(job.lease, ok=True, result=3))
     return running
 
@@ -300,10 +300,10 @@ def test_rows_written_one_by_one_before_a_connection_error_are_not_written_again
 
 def test_a_message_about_an_old_entry_does_not_touch_a_new_one() -> None:
     table = LeaseTable(margin=1.0)
-    table.add((1, 1), now=100.0, seconds=LEASE)
+    table.add([(1, 1)], now=100.0, seconds=LEASE)
     old = table.generation((1, 1))
     table.remove((1, 1))  # given back unstarted (the attempt is given back too) ...
-    table.add((1, 1), now=200.0, seconds=LEASE)  # ... and claimed again at the same attempt
+    table.add([(1, 1)], now=200.0, seconds=LEASE)  # ... and claimed again at the same attempt
     assert table.generation((1, 1)) != old
     table.renewed({(1, 1): old}, at=300.0, seconds=LEASE)  # a renewal of the old entry
     assert table.renewed_at((1, 1)) == 200.0
