@@ -218,6 +218,16 @@ def test_nothing_to_count_sends_nothing(django_assert_num_queries: Any) -> None:
         assert leases.add_tally(empty, using="default") == 0
 
 
+def test_a_duration_falls_in_the_bucket_whose_edges_hold_it_even_at_an_edge() -> None:
+    for bucket in range(1, BUCKETS):
+        assert bucket_of(lower_edge(bucket)) == bucket
+        assert bucket_of(math.nextafter(lower_edge(bucket), 0.0)) == bucket - 1
+    assert bucket_of(0.5119999999999999) == 9  # below upper_edge(9), 0.512 (log2 said 10)
+    assert bucket_of(-0.001) == 0
+    assert bucket_of(math.inf) == BUCKETS - 1
+    assert bucket_of(math.nan) == BUCKETS - 1  # (a clock's NaN counts, never raises)
+
+
 def test_percentiles_stay_within_the_documented_bound() -> None:
     for seconds in (0.0012, 0.05, 0.3, 7.0, 3600.0):
         bucket = bucket_of(seconds)
