@@ -6,6 +6,7 @@ can count executions and find processes without sleeping blindly.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -110,3 +111,10 @@ def fail_always(message: str) -> None:
 @task
 async def async_add(a: int, b: int) -> int:
     return a + b
+
+
+@task
+def frozen_objects() -> int:
+    """How many objects the cyclic GC leaves out in the process that runs it (the
+    worker's start-up heap: ``gc.freeze``)."""
+    return gc.get_freeze_count()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import logging
 import os
 import select
@@ -98,6 +99,9 @@ class Supervisor:
         try:
             # No database connection may cross a fork: the workers open their own.
             connections.close_all()
+            # What Django loaded once is shared by the forked workers: out of the cyclic
+            # GC's passes, its pages stay shared (each worker freezes its own after it).
+            gc.freeze()
             for index in range(self.processes):
                 self._start(index, FIRST_RESTART_DELAY)
             while self.children or self.due:
