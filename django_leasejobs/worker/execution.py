@@ -17,13 +17,14 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from inspect import iscoroutinefunction
 from typing import Any, ParamSpec
 
 from asgiref.sync import sync_to_async
 from django.db import connections
 from django.db.backends.signals import connection_created
 
-from ..compat import AnyTask, AnyTaskResult, TaskContext, TaskError
+from ..compat import AnyTask, AnyTaskResult, Task, TaskContext, TaskError
 from ..exceptions import InvalidTaskArguments, UnknownTask
 from ..hot_values import hot_value
 from ..leases import (
@@ -484,6 +485,22 @@ def _failed(
     )
 
 
+_PLAIN_CALLS: dict[int, tuple[AnyTask, bool]] = {}
+"""Per registered task (by identity, the task kept alive beside its answer): whether
+:func:`_calls_plainly` holds."""
+
+
+def _calls_plainly(task: AnyTask) -> bool:
+    """Whether ``task.call(...)`` would only call its function: a sync function, and
+    django.tasks' own ``Task.call`` (not a subclass's). That ``call`` asks
+    ``iscoroutinefunction`` at every call (about 1 us); asked here once per task."""
+    known = _PLAIN_CALLS.get(id(task))
+    if known is None or known[0] is not task:
+        plain = type(task).call is Task.call and not iscoroutinefunction(task.func)
+        known = _PLAIN_CALLS[id(task)] = (task, plain)
+    return known[1]
+
+
 def _attempt(
     spec: JobSpec, progress_sink: ProgressSink | None, lost_flag: LostFlag | None
 ) -> Outcome:
@@ -491,11 +508,15 @@ def _attempt(
     call = _prepare(spec, progress_sink, lost_flag)
     if isinstance(call, Outcome):
         return call
+    task = call.task
     try:
         try:
-            value = call.task.call(*call.args, **spec.job.kwargs)
+            if _calls_plainly(task):
+                value = task.func(*call.args, **spec.job.kwargs)
+            else:
+                value = task.call(*call.args, **spec.job.kwargs)
         except BaseException as exc:  # KeyboardInterrupt and SystemExit too: the task's own
-            return _failed(spec, call.task, exc, started)
+            return _failed(spec, task, exc, started)
         return _succeeded(spec, value, started)
     finally:
         if call.context is not None:
