@@ -17,7 +17,8 @@ What it does:
    ``leasejobs_search_bench``), marked with a comment, refuses to drop a database
    without that mark, and drops its own at exit unless ``--keep``. Django runs in this
    process on it (the demo project's settings, ``DEBUG`` off), migrated first: migration
-   0018 creates the GIN indexes ``leasejobs_job_args_gin`` and ``leasejobs_job_kwargs_gin``.
+   0018 creates the GIN indexes ``leasejobs_job_args_gin`` and ``leasejobs_job_kwargs_gin``
+   (0022 makes them leave out jobs without arguments).
 2. **Fill.** The two GIN indexes are dropped (their definitions kept), ``--jobs`` rows
    go in with one ``INSERT ... SELECT ... FROM generate_series`` (seeded ``random()``),
    the indexes are built again from those definitions (timed: what migration 0018 costs

@@ -201,3 +201,12 @@ def test_postgresql_answers_an_argument_search_from_the_gin_index(
         cursor.execute(f"EXPLAIN {sql}", params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "leasejobs_job_args_gin" in plan, plan
+    # (Migration 0022: jobs without arguments are not in them.)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE indexname = ANY(%s)",
+            [["leasejobs_job_args_gin", "leasejobs_job_kwargs_gin"]],
+        )
+        definitions = dict(cursor.fetchall())
+    assert definitions["leasejobs_job_args_gin"].endswith("WHERE (args <> '[]'::jsonb)")
+    assert definitions["leasejobs_job_kwargs_gin"].endswith("WHERE (kwargs <> '{}'::jsonb)")
