@@ -15,7 +15,6 @@ from datetime import datetime, timedelta
 from operator import attrgetter
 
 from .. import leases
-from ..histograms import bucket_of
 from ..leases import COUNTER_AT, ClaimedJob, RollupKey, Tally, minute_of, run_at, wait_at
 from .rounds import RoundPlan, RoundResult
 
@@ -23,8 +22,6 @@ _ENDED_AT = {status: COUNTER_AT[name] for status, name in leases.ENDING_COUNTERS
 """Where an ended attempt is counted, by the job's new status."""
 _STARTED_AT = COUNTER_AT["started"]
 _ENQUEUED_AT = COUNTER_AT["enqueued"]
-_RUN_AT = run_at(0.0)
-"""Where the run-time histogram starts in a row (its bucket 0)."""
 
 
 class _Rows:
@@ -72,7 +69,7 @@ def round_tally(plan: RoundPlan, result: RoundResult, backend: str) -> Tally:
             continue  # (a row without a claim time: written by hand)
         row = row_of(job, finished)
         row[at] += 1
-        row[_RUN_AT + bucket_of(duration)] += 1
+        row[run_at(duration)] += 1
     if result.deferred is not None:
         deferred = {r.job.lease: r.job for r, _ in plan.deferrals}
         for lease, status in result.deferred.dead.written.items():
