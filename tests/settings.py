@@ -79,6 +79,12 @@ if os.environ.get("LEASEJOBS_TEST_DATABASE_OPTIONS"):
         **json.loads(os.environ["LEASEJOBS_TEST_DATABASE_OPTIONS"]),
     }
 
+# tests/worker/test_job_connections.py runs a worker whose connections persist between
+# jobs: LEASEJOBS_TEST_CONN_MAX_AGE (seconds, or "none" for no limit) for default's.
+if os.environ.get("LEASEJOBS_TEST_CONN_MAX_AGE"):
+    _age = os.environ["LEASEJOBS_TEST_CONN_MAX_AGE"]
+    DATABASES["default"]["CONN_MAX_AGE"] = None if _age == "none" else int(_age)
+
 # A second, real database for tests/e2e/test_two_databases.py (backends on two databases):
 # the same server as default, its own database (on SQLite a second file). pytest-django
 # creates its test database only when a test asks for the alias. Subprocesses get the

@@ -25,6 +25,23 @@ def _mark(marker_dir: str, name: str, text: str) -> None:
         os.fsync(handle.fileno())
 
 
+_CONNECTIONS_SEEN: list[object] = []
+"""The database connections this process's jobs ran on (kept, so no id is reused)."""
+
+
+@task
+def reuses_a_connection() -> dict[str, Any]:
+    """Whether this job runs on a database connection an earlier job of its process ran
+    on, and the process (a process-pool slot)."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    raw = connection.connection
+    reused = any(seen is raw for seen in _CONNECTIONS_SEEN)
+    _CONNECTIONS_SEEN.append(raw)
+    return {"pid": os.getpid(), "reused": reused}
+
+
 @task(takes_context=True)
 def record(context: Any, marker_dir: str, name: str) -> int:
     """Quick job: record that it ran (attempt and pid)."""

@@ -48,9 +48,11 @@ from .execution import (
     JobSpec,
     LostFlag,
     ProgressSink,
+    connections_forgotten,
     execute,
     execute_async,
     in_own_thread,
+    refresh_connections,
 )
 
 # Messages: child -> parent
@@ -154,16 +156,18 @@ def _watch_lifeline(lifeline_fd: int) -> None:
 
 
 def _frame_header(size: int) -> bytes:
-    """``multiprocessing.Connection``'s length prefix (what ``pools._Frames`` reads)."""
+    """``multiprocessing.Connection``'s length prefix (what ``pools.frames.Frames`` reads)."""
     if size <= 0x7FFFFFFF:
         return struct.pack("!i", size)
     return struct.pack("!i", -1) + struct.pack("!Q", size)
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def _write_all(fd: int, data: bytes) -> None:
+    written = os.write(fd, data)  # all of it, but for a signal or a full pipe
+    if written < len(data):
+        view = memoryview(data)[written:]
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 class Sender(Protocol):
@@ -374,6 +378,7 @@ def child_main(
     # Connections inherited from the parent belong to the parent: forget them unclosed.
     for alias in connections:
         connections[alias].connection = None  # type: ignore[union-attr]
+    connections_forgotten()
     threading.Thread(
         target=_watch_lifeline, args=(lifeline_fd,), name="leasejobs-lifeline", daemon=True
     ).start()
@@ -383,18 +388,21 @@ def child_main(
             os.write(bell_fd, b"!")
 
     sending = threading.Lock()  # the event loop's thread sends too
+    fd = conn.fileno()
 
     def send(message: Any, *, ring_after: bool) -> None:
         data = pickle.dumps(message, PICKLE_PROTOCOL)
         with sending:
             if len(data) < RING_BEFORE_BYTES:
-                conn.send_bytes(data)
+                # Length and pickle in one write: ``Connection.send_bytes``'s framing
+                # without its checks and copies (0.9 of its 2 us per message).
+                _write_all(fd, _frame_header(len(data)) + data)
             else:
                 # The pipe may fill up before the parent reads: its length first, then the
                 # bell (the parent finds something to read, and reads the rest as it comes).
-                _write_all(conn.fileno(), _frame_header(len(data)))
+                _write_all(fd, _frame_header(len(data)))
                 ring()
-                _write_all(conn.fileno(), data)
+                _write_all(fd, data)
         if ring_after:
             ring()
 
@@ -434,7 +442,7 @@ def child_main(
                         loop = SlotLoop(state, send)
                     to_loop.append(spec)
                     continue
-                close_old_connections()
+                refresh_connections()
                 outcome = execute(spec, progress_sink=progress)
                 idle = last and not conn.poll(0)
                 send((MSG_OUTCOME, outcome), ring_after=idle or outcome.duration >= RING_AFTER)

@@ -21,7 +21,7 @@ from inspect import iscoroutinefunction
 from typing import Any, ParamSpec
 
 from asgiref.sync import sync_to_async
-from django.db import connections
+from django.db import close_old_connections, connections
 from django.db.backends.signals import connection_created
 
 from ..compat import AnyTask, AnyTaskResult, Task, TaskContext, TaskError
@@ -359,6 +359,24 @@ def _note_connection(**_: object) -> None:
 
 
 connection_created.connect(_note_connection, dispatch_uid="django_leasejobs.in_own_thread")
+
+
+def connections_forgotten() -> None:
+    """The calling thread holds no database connection now (a slot's child forgot those it
+    inherited from the worker): :func:`refresh_connections` has nothing to look at until
+    a job opens one."""
+    _opened.connection = False
+
+
+def refresh_connections() -> None:
+    """Before a job in a thread whose connections outlive its jobs (a process-pool slot's
+    main thread): Django's ``close_old_connections()``, which closes a connection that is
+    too old (``CONN_MAX_AGE``) or broken by an error, so no job starts on it. Skipped
+    while no job in the thread has opened one since :func:`connections_forgotten` (there
+    is nothing to close; the look at every alias costs more than a no-op job's call).
+    Once one has, it runs before every job."""
+    if _opened.connection:
+        close_old_connections()
 
 
 def in_own_thread(

@@ -1,7 +1,10 @@
 """A job that runs in a thread of the worker (``--pool thread``, ``--sync-on-loop``) leaves
 nothing of its database connections to the next job in that thread (``in_own_thread``):
 whatever it opened is closed after it, even when it raised or left a transaction open.
-Real threads, the real database."""
+In a process-pool slot, whose connections outlive its jobs, Django's
+``close_old_connections()`` runs before each job once a job opened one
+(``refresh_connections``), and not before. Real threads, real ``runworker`` processes,
+the real database."""
 
 from __future__ import annotations
 
@@ -11,9 +14,18 @@ from collections.abc import Callable
 import pytest
 from django.db import connections
 
-from django_leasejobs.worker.execution import Outcome, in_own_thread
+from django_leasejobs.models import Job, JobStatus
+from django_leasejobs.worker.execution import (
+    Outcome,
+    connections_forgotten,
+    in_own_thread,
+    refresh_connections,
+)
+from tests import tasks_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+BURST_BOUND = 120
 
 Lease = tuple[int, int]
 
@@ -107,3 +119,58 @@ def test_a_job_that_opened_nothing_leaves_the_threads_connections_alone() -> Non
         assert connections["default"].connection is held[0]
 
     _in_a_thread([open_outside_a_job, _job((1, 1), lambda: None), still_held])
+
+
+def _query() -> None:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+def test_a_slot_closes_an_obsolete_connection_a_job_opened_before_the_next_job() -> None:
+    """``CONN_MAX_AGE`` 0 (the tests' setting): the connection a job opened is obsolete
+    by the next job, and closed before it."""
+    _in_a_thread([connections_forgotten, _query, refresh_connections, _closed])
+
+
+def test_a_slot_whose_jobs_opened_nothing_skips_the_look() -> None:
+    """Until a job opens a connection there is nothing to look at: a connection the thread
+    held before (which ``close_old_connections`` would close, being obsolete) is left
+    alone, so the look costs a job nothing."""
+    held: list[object] = []
+
+    def open_and_forget() -> None:
+        _query()
+        held.append(connections["default"].connection)
+        connections_forgotten()
+
+    def still_held() -> None:
+        assert connections["default"].connection is held[0]
+
+    _in_a_thread([open_and_forget, refresh_connections, still_held])
+
+
+def _slot_runs(workers, conn_max_age: str | None) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
+    """Three jobs, one after another in one process slot; what each found."""
+    ids = [int(tasks_worker.reuses_a_connection.enqueue().id) for _ in range(3)]
+    env = {"LEASEJOBS_TEST_CONN_MAX_AGE": conn_max_age} if conn_max_age else None
+    worker = workers.start(args=["--pool", "process", "--concurrency", "1", "--burst"], env=env)
+    assert worker.wait(timeout=BURST_BOUND) == 0, worker.output
+    jobs = Job.objects.in_bulk(ids)
+    assert {jobs[i].status for i in ids} == {JobStatus.SUCCEEDED}, worker.output
+    runs = [jobs[i].result for i in ids]
+    assert len({run["pid"] for run in runs}) == 1, runs  # one slot ran them all
+    return runs
+
+
+@pytest.mark.slow
+def test_a_process_slot_never_hands_a_job_an_obsolete_connection(workers) -> None:  # type: ignore[no-untyped-def]
+    runs = _slot_runs(workers, None)
+    assert [run["reused"] for run in runs] == [False, False, False], runs
+
+
+@pytest.mark.slow
+def test_a_process_slot_keeps_a_persistent_connection_between_jobs(workers) -> None:  # type: ignore[no-untyped-def]
+    """``CONN_MAX_AGE`` None: the connection the first job opened serves the next ones
+    (the look before each job keeps what is sound)."""
+    runs = _slot_runs(workers, "none")
+    assert [run["reused"] for run in runs] == [False, True, True], runs
