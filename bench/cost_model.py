@@ -588,21 +588,29 @@ class Mariadb(Database):
 
 
 KINDS = ("parent", "slots", "backends", "server")
+WAIT_KINDS = ("parent", "slots", "backends")
+"""The process kinds whose run-queue wait is read (``run_queue_wait``)."""
 
 
 @dataclass(frozen=True)
 class Point:
-    """CPU seconds so far of each kind (``KINDS``) at the time ``at`` (``time.time()``)."""
+    """CPU seconds so far of each kind (``KINDS``) at the time ``at`` (``time.time()``),
+    and seconds spent waiting for a core (``WAIT_KINDS``)."""
 
     at: float
     cpu: dict[str, float | None]
+    wait: dict[str, float | None] = field(default_factory=dict)
 
 
-def interpolate(points: Sequence[Point], at: float, kind: str) -> float | None:
-    """The CPU of ``kind`` at ``at``, linear between the two points around it (the first
-    or last point outside the series)."""
+def interpolate(
+    points: Sequence[Point], at: float, kind: str, *, waits: bool = False
+) -> float | None:
+    """The CPU (``waits``: the run-queue wait) of ``kind`` at ``at``, linear between the
+    two points around it (the first or last point outside the series)."""
     known: list[tuple[float, float]] = [
-        (p.at, value) for p in points if (value := p.cpu.get(kind)) is not None
+        (p.at, value)
+        for p in points
+        if (value := (p.wait if waits else p.cpu).get(kind)) is not None
     ]
     if not known:
         return None
@@ -614,13 +622,37 @@ def interpolate(points: Sequence[Point], at: float, kind: str) -> float | None:
     return known[-1][1]
 
 
-def window(points: Sequence[Point], first: float, last: float) -> dict[str, float | None]:
-    """CPU seconds of each kind between ``first`` and ``last``."""
+def window(
+    points: Sequence[Point], first: float, last: float, *, waits: bool = False
+) -> dict[str, float | None]:
+    """CPU seconds (``waits``: seconds waiting for a core) of each kind between ``first``
+    and ``last``."""
     out: dict[str, float | None] = {}
-    for kind in KINDS:
-        start, end = interpolate(points, first, kind), interpolate(points, last, kind)
+    for kind in WAIT_KINDS if waits else KINDS:
+        start = interpolate(points, first, kind, waits=waits)
+        end = interpolate(points, last, kind, waits=waits)
         out[kind] = None if start is None or end is None else max(0.0, end - start)
     return out
+
+
+def run_queue_wait(pid: int) -> float | None:
+    """Seconds the live threads of ``pid`` have waited runnable for a core (the second
+    field of each thread's ``/proc/.../schedstat``), None when unreadable. A busy thread
+    that waits as long as it runs loses half its pace to the others on the machine;
+    py-spy counts those waits as busy samples of whatever frame the thread is in."""
+    total, seen = 0, False
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int((task / "schedstat").read_text().split()[1])
+                seen = True
+    return total / 1e9 if seen else None
+
+
+def tree_wait(pid: int) -> float:
+    """Run-queue seconds of ``pid``'s live descendants (a worker's slots; ``--processes``'
+    workers and their slots); a reaped child's are lost (slots live as long as the drain)."""
+    return sum((run_queue_wait(child) or 0.0) + tree_wait(child) for child in live_children(pid))
 
 
 def slots_cpu(pid: int) -> float | None:
@@ -641,6 +673,7 @@ class CpuSampler(threading.Thread):
         self.pid, self.database = pid, database
         self.points: list[Point] = []
         self.backends: dict[int, float] = {}
+        self.backend_waits: dict[int, float] = {}
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -658,9 +691,11 @@ class CpuSampler(threading.Thread):
 
     def sample(self, pids: Sequence[int]) -> None:
         for pid in pids:
-            times = proc_times(pid)
+            times, waited = proc_times(pid), run_queue_wait(pid)
             if times is not None:
                 self.backends[pid] = times[0]
+            if waited is not None:
+                self.backend_waits[pid] = waited
         own = proc_times(self.pid)
         self.points.append(
             Point(
@@ -670,6 +705,11 @@ class CpuSampler(threading.Thread):
                     "slots": slots_cpu(self.pid),
                     "backends": sum(self.backends.values()) if self.backends else None,
                     "server": self.database.server_cpu(),
+                },
+                {
+                    "parent": run_queue_wait(self.pid),
+                    "slots": tree_wait(self.pid),
+                    "backends": sum(self.backend_waits.values()) if self.backend_waits else None,
                 },
             )
         )
@@ -854,6 +894,10 @@ class Bench:
         seconds = drain.seconds
         cpu = window(points, drain.first or 0.0, drain.last or 0.0) if seconds else {}
         us = {kind: per_job_us(cpu.get(kind), jobs) for kind in KINDS}
+        waited = (
+            window(points, drain.first or 0.0, drain.last or 0.0, waits=True) if seconds else {}
+        )
+        wait_us = {kind: per_job_us(waited.get(kind), jobs) for kind in WAIT_KINDS}
         result: dict[str, Any] = {
             "database": self.database.name,
             "config": name,
@@ -865,6 +909,7 @@ class Bench:
             "drain_seconds": seconds,
             "cpu_s": cpu,
             "cpu_us_per_job": us,
+            "run_queue_us_per_job": wait_us,
             "cpu_points": len(points),
             "problems": problems,
             "clean": not problems,
@@ -876,7 +921,9 @@ class Bench:
         print(
             f"  {self.database.name:8} {name:16} {fmt(result['rate'])} jobs/s; CPU per job (µs): "
             f"parent {fmt(us['parent'])}, slots {fmt(us['slots'])}, db backends "
-            f"{fmt(us['backends'])}, db server {fmt(us['server'])} "
+            f"{fmt(us['backends'])}, db server {fmt(us['server'])}; waiting for a core: parent "
+            f"{fmt(wait_us['parent'])}, slots {fmt(wait_us['slots'])}, db backends "
+            f"{fmt(wait_us['backends'])} "
             + ("ok" if result["clean"] else "PROBLEMS: " + "; ".join(problems)),
             flush=True,
         )
@@ -1018,6 +1065,21 @@ def cpu_table(runs: Sequence[dict[str, Any]], floor: dict[str, Any] | None, peer
     return "\n".join(lines) + "\n"
 
 
+def wait_table(runs: Sequence[dict[str, Any]]) -> str:
+    """Run-queue wait per job per process kind, beside its CPU: how much of its pace each
+    kind loses to the others on the machine."""
+    lines = [
+        "| database | config | parent: CPU / waiting | slots: CPU / waiting "
+        "| db backends: CPU / waiting |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for run in runs:
+        us, wait = run["cpu_us_per_job"], run.get("run_queue_us_per_job", {})
+        cells = [f"{fmt(us[kind])} / {fmt(wait.get(kind))}" for kind in WAIT_KINDS]
+        lines.append(f"| {run['database']} | {run['config']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def category_table(runs: Sequence[dict[str, Any]]) -> str:
     """CPU per job (µs) per category, per run and process kind (profiled runs only)."""
     shown = [c for c in CATEGORIES if c not in NOT_PER_JOB]
@@ -1058,6 +1120,10 @@ def report_markdown(report: dict[str, Any]) -> str:
         "stop left out):",
         "",
         cpu_table(runs, report.get("floor"), report.get("peers", [])),
+        "Waiting for a core (µs per job, over the same window): the time each kind's threads "
+        "were runnable with no core free (`/proc/.../schedstat`), beside its CPU:",
+        "",
+        wait_table(runs),
     ]
     if any(run.get("profile") for run in runs):
         parts += [

@@ -125,6 +125,18 @@ def test_the_cpu_window_interpolates_between_readings() -> None:
     assert cost.window(points, 0.0, 99.0)["parent"] == pytest.approx(3.0)  # clamped
 
 
+def test_the_run_queue_window_reads_the_waits_of_each_kind() -> None:
+    points = [
+        cost.Point(10.0, {"parent": 1.0}, {"parent": 0.0, "slots": 2.0, "backends": None}),
+        cost.Point(12.0, {"parent": 2.0}, {"parent": 1.0, "slots": 2.0, "backends": None}),
+    ]
+    assert cost.window(points, 10.0, 11.0, waits=True) == {
+        "parent": pytest.approx(0.5),
+        "slots": pytest.approx(0.0),
+        "backends": None,
+    }
+
+
 def test_options_smoke_defaults_and_configs_per_database() -> None:
     args = cost.parse_args(["--smoke"])
     assert (args.jobs, args.databases, args.configs) == (1000, ["postgres"], ["process-4"])
@@ -214,6 +226,42 @@ def test_a_process_trees_cpu_counts_its_grandchildren() -> None:
         assert cost.tree_cpu(proc.pid) >= burnt
         assert cost.slots_cpu(proc.pid) >= burnt
         assert cost.slots_cpu(leaf) == 0.0  # nothing under it
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
+def test_processes_that_outnumber_the_cores_wait_in_the_run_queue() -> None:
+    """More CPU-bound children than cores: together they wait for a core (``tree_wait``
+    of their parent), while each one's CPU stays what it burnt."""
+    import subprocess
+    import sys
+
+    burn = (
+        "import sys, time\n"
+        "end = time.process_time() + 0.4\n"
+        "while time.process_time() < end: pass\n"
+        "print('burnt', flush=True); sys.stdin.read()"
+    )
+    count = (os.cpu_count() or 1) + 2
+    command = (
+        "import subprocess, sys\n"
+        f"procs = [subprocess.Popen([sys.executable, '-c', {burn!r}]) for _ in range({count})]\n"
+        "[p.wait() for p in procs]"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert [proc.stdout.readline() for _ in range(count)] == ["burnt\n"] * count
+        children = cost.live_children(proc.pid)
+        assert len(children) == count
+        waited = cost.tree_wait(proc.pid)
+        assert waited == pytest.approx(sum(cost.run_queue_wait(c) or 0.0 for c in children))
+        assert waited > 0.05, waited  # (count - cores) x 0.4 s of CPU had to wait at least
     finally:
         assert proc.stdin is not None
         proc.stdin.close()
