@@ -93,6 +93,11 @@ SHIM = "pgq_drain_bench"
 ENTRYPOINT = "noop"
 GOAL = 1.2
 """This project's best drain rate over PgQueuer's best (issue 32)."""
+STEADY_SPREAD = 1.5
+"""A best row whose own fastest drain is more than this many times its slowest ran on a
+machine whose speed changed within the run (seen here: PgQueuer's drains at 10,519 and
+25,740 jobs/s, its CPU per job 58 and 31 µs, minutes apart): the verdict is then
+"inconclusive", neither met nor missed."""
 CHUNK = 10000
 """Jobs per bulk enqueue statement, both systems."""
 SMOKE = {"jobs": 300, "rounds": 1}
@@ -316,6 +321,14 @@ def verdict(ours: dict[str, dict[str, Any]], peer: dict[str, Any] | None) -> dic
         else None
     )
     clean = best["clean"] and peer["clean"]
+    spreads = [spread(best), spread(peer)]
+    steady = all(s is None or s <= STEADY_SPREAD for s in spreads)
+    if not clean:
+        outcome = "missed"
+    elif not steady:
+        outcome = "inconclusive"
+    else:
+        outcome = "met" if ratio >= GOAL else "missed"
     return {
         "goal": goal,
         "ours_best": best_key,
@@ -324,8 +337,17 @@ def verdict(ours: dict[str, dict[str, Any]], peer: dict[str, Any] | None) -> dic
         "ratio": ratio,
         "ratio_from_spawn": spawn,
         "leader": "ours best" if ratio >= 1 else "PgQueuer best",
-        "verdict": "met" if ratio >= GOAL and clean else "missed",
+        "spreads": spreads,
+        "verdict": outcome,
     }
+
+
+def spread(summary: dict[str, Any]) -> float | None:
+    """A row's fastest drain over its slowest (None with fewer than two)."""
+    span = summary["drain_range"]
+    if not span or summary["runs"] < 2 or not span[0]:
+        return None
+    return float(span[1] / span[0])
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
@@ -759,6 +781,12 @@ def report(result: dict[str, Any], facts: dict[str, Any], args: argparse.Namespa
     )
     if line["verdict"] == "not measured":
         return text + f"\ngoal {line['goal']}: not measured\n"
+    if line["verdict"] == "inconclusive":
+        text += (
+            f"\nthe best rows' own drains spread {_fmt(line['spreads'][0], 2)}x (ours) and "
+            f"{_fmt(line['spreads'][1], 2)}x (PgQueuer), more than {STEADY_SPREAD:g}x: the "
+            "machine's speed changed within the run, so no verdict\n"
+        )
     return text + (
         f"\ngoal {line['goal']}: {line['verdict']} ({line['leader']}: "
         f"{line['ours_rate']:,.0f} / {line['pgqueuer_rate']:,.0f} jobs/s = "

@@ -126,6 +126,24 @@ def test_verdict_takes_our_best_row_against_pgqueuers_best() -> None:
     assert drain.verdict(ours, None)["verdict"] == "not measured"
 
 
+def test_a_best_row_whose_drains_spread_widely_gives_no_verdict() -> None:
+    """The machine's speed changed within the run: neither met nor missed."""
+    steady = {"fast": drain.summarize([_run(9000.0), _run(9500.0)])}
+    wobbly_peer = drain.summarize([_run(4000.0), _run(10000.0), _run(6000.0)])
+    line = drain.verdict(steady, wobbly_peer)
+    assert line["verdict"] == "inconclusive"
+    assert line["spreads"] == [pytest.approx(9500 / 9000), pytest.approx(2.5)]
+    wobbly_ours = {"fast": drain.summarize([_run(6000.0), _run(12000.0)])}
+    peer = drain.summarize([_run(5000.0), _run(5200.0)])
+    assert drain.verdict(wobbly_ours, peer)["verdict"] == "inconclusive"
+    # Steady on both sides: the ratio decides; one run each has no spread to judge.
+    assert drain.verdict(steady, peer)["verdict"] == "met"
+    assert drain.verdict(steady, drain.summarize([_run(9000.0)]))["verdict"] == "missed"
+    # A job that ran twice is a miss, however the rates spread.
+    twice = {"fast": drain.summarize([_run(6000.0, None, "a job ran twice"), _run(12000.0)])}
+    assert drain.verdict(twice, peer)["verdict"] == "missed"
+
+
 def test_tables_mark_the_best_rows() -> None:
     best = drain.PgqRow(2, 100, 0, name="best")
     ours = drain.OurRow("thread", 16)
