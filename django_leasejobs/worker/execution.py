@@ -345,8 +345,11 @@ def execute(
 
 
 class _Opened(threading.local):
-    """Whether the thread opened a database connection since :func:`in_own_thread` last
-    started a job in it (``connection_created`` is sent in the thread that connects)."""
+    """Whether the thread opened a database connection since it was last marked clean:
+    by :func:`in_own_thread` as it starts a job (a thread that closes its connections
+    after each job), or by :func:`connections_forgotten` (a slot's child, whose main
+    thread keeps them between jobs). ``connection_created`` is sent in the thread that
+    connects."""
 
     connection = False
 
