@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.bench.scripts import load_bench, run_bench
+from tests.waiting import wait_until
 
 cost = load_bench("cost_model")
 
@@ -233,6 +234,12 @@ def test_a_process_trees_cpu_counts_its_grandchildren() -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
+def sleeping(pid: int) -> bool:
+    """Whether process ``pid`` is blocked (state S in ``/proc/<pid>/stat``)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "S"
+
+
 def test_processes_that_outnumber_the_cores_wait_in_the_run_queue() -> None:
     """More CPU-bound children than cores: together they wait for a core, and their
     parent's ``tree_wait`` is the sum of their own waits."""
@@ -240,10 +247,10 @@ def test_processes_that_outnumber_the_cores_wait_in_the_run_queue() -> None:
     import sys
 
     burn = (
-        "import sys, time\n"
+        "import os, sys, time\n"
         "end = time.process_time() + 0.4\n"
         "while time.process_time() < end: pass\n"
-        "print('burnt', flush=True); sys.stdin.read()"
+        "os.write(1, b'burnt\\n'); sys.stdin.read()"  # one write: lines never interleave
     )
     count = (os.cpu_count() or 1) + 2
     command = (
@@ -259,6 +266,12 @@ def test_processes_that_outnumber_the_cores_wait_in_the_run_queue() -> None:
         assert [proc.stdout.readline() for _ in range(count)] == ["burnt\n"] * count
         children = cost.live_children(proc.pid)
         assert len(children) == count
+        # Each burner blocks in its stdin read once it printed; until then it may still
+        # wait for a core (a busy machine), and its wait would grow between two readings.
+        wait_until(
+            lambda: all(sleeping(child) for child in children),
+            what="every burner to block reading stdin",
+        )
         waited = cost.tree_wait(proc.pid)
         assert waited == pytest.approx(sum(cost.run_queue_wait(c) or 0.0 for c in children))
         assert waited > 0.05, waited  # (two more burners than cores: some of them waited)
