@@ -35,6 +35,17 @@ ACTIVE_STATUSES = (JobStatus.WAITING, JobStatus.PENDING, JobStatus.RUNNING)
 """The statuses of a job that has not finished: they hold its dedup key."""
 FINISHED_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DEAD, JobStatus.CANCELLED)
 
+PENDING_ROWS = Q(status=JobStatus.PENDING, flow_group__isnull=True) | Q(
+    status=JobStatus.PENDING, flow_group__isnull=False
+)
+"""Pending jobs, as the two conditions of the partial indexes that hold them (the claim
+index, the flow lane's): PostgreSQL reads such a filter from both indexes (a BitmapOr),
+where a plain ``status = 'pending'`` matches no index and scans the table. No index
+holds every row's status (migration 0023): each would take an entry for every change of
+every job's status."""
+ACTIVE_ROWS = PENDING_ROWS | Q(status=JobStatus.RUNNING)
+"""Pending and running jobs, read from their partial indexes (see ``PENDING_ROWS``)."""
+
 
 class AttemptOutcome(models.TextChoices):
     ERROR = "error", _("Error")
@@ -49,7 +60,7 @@ class AttemptOutcome(models.TextChoices):
 
 class JobQuerySet(models.QuerySet["Job"]):
     def pending(self) -> JobQuerySet:
-        return self.filter(status=JobStatus.PENDING)
+        return self.filter(PENDING_ROWS)
 
     def running(self) -> JobQuerySet:
         return self.filter(status=JobStatus.RUNNING)
@@ -59,7 +70,7 @@ class JobQuerySet(models.QuerySet["Job"]):
 
     def ready(self) -> JobQuerySet:
         """Pending jobs whose ``run_after`` has passed (database clock)."""
-        return self.filter(status=JobStatus.PENDING, run_after__lte=DatabaseNow())
+        return self.filter(PENDING_ROWS, run_after__lte=DatabaseNow())
 
     def expired(self) -> JobQuerySet:
         """Running jobs whose lease has expired (database clock)."""
@@ -253,7 +264,17 @@ class Job(models.Model):
                 name="leasejobs_job_running_idx",
                 condition=Q(status="running"),
             ),
-            models.Index(fields=["status", "finished_at"], name="leasejobs_job_finished_idx"),
+            # Finished jobs by status and age (pruning, the dashboard's last hour, alerts).
+            # Partial: a job's enqueue and claim leave it alone (migration 0023). A job has
+            # a finished_at exactly while its status is a finished one; the condition is
+            # on finished_at, not on the status, so that a query over every finished status
+            # keeps its status as an index condition (PostgreSQL drops a condition the
+            # index's own implies). On MySQL/MariaDB an index of every row.
+            models.Index(
+                fields=["status", "finished_at"],
+                name="leasejobs_job_finished_idx",
+                condition=Q(finished_at__isnull=False),
+            ),
             # The jobs of a dedup key whatever their status, oldest first: the holder of a
             # key within a unique_for window (leases/keys.py). On MySQL/MariaDB, without
             # partial indexes, an index on (key, id) of every row.

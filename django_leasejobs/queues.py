@@ -29,7 +29,7 @@ from .conf import MAX_QUEUE_NAME
 from .functions import DatabaseNow
 from .leases import NOTIFY_CHANNEL, database_now, notify
 from .limits import FlowRules, Rate, describe_group, parse_rate, queue_scope, task_group
-from .models import ACTIVE_STATUSES, Dependency, Job, JobStatus, Queue, RateStart
+from .models import ACTIVE_ROWS, ACTIVE_STATUSES, Dependency, Job, JobStatus, Queue, RateStart
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +146,7 @@ def overview(backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> list[QueueView]:
     counts = {
         row["queue"]: row
         for row in Job.objects.using(using)
-        .filter(backend=backend, status__in=[JobStatus.PENDING, JobStatus.RUNNING])
+        .filter(ACTIVE_ROWS, backend=backend)
         .values("queue")
         .annotate(
             pending=Count("id", filter=Q(status=JobStatus.PENDING)),

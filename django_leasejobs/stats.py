@@ -17,7 +17,7 @@ from django.db.models import Count, F, Min, Q
 from django.db.models.functions import TruncMinute
 
 from .leases import database_now
-from .models import FINISHED_STATUSES, Job, JobStatus, Worker, WorkerState
+from .models import ACTIVE_ROWS, FINISHED_STATUSES, Job, JobStatus, Worker, WorkerState
 
 WINDOW = timedelta(hours=1)
 
@@ -160,7 +160,7 @@ def collect(*, using: str = "default", online_after: float = 60.0) -> Health:
 
     pending = Q(status=JobStatus.PENDING)
     ready = pending & Q(run_after__lte=db_now)
-    active = jobs.filter(status__in=[JobStatus.PENDING, JobStatus.RUNNING])
+    active = jobs.filter(ACTIVE_ROWS)
     for row in active.values("queue").annotate(
         ready=Count("id", filter=ready),
         scheduled=Count("id", filter=pending & Q(run_after__gt=db_now)),

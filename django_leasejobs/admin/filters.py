@@ -10,7 +10,7 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from ..models import FINISHED_STATUSES, Job, JobStatus, Worker
+from ..models import ACTIVE_ROWS, FINISHED_STATUSES, Job, JobStatus, Worker
 from .clock import database_time_ago
 
 
@@ -35,8 +35,7 @@ class TaskFilter(FieldValueFilter):
         recent = database_time_ago(3600)
         paths = (
             Job.objects.filter(
-                Q(status__in=[JobStatus.PENDING, JobStatus.RUNNING])
-                | Q(status__in=FINISHED_STATUSES, finished_at__gte=recent)
+                ACTIVE_ROWS | Q(status__in=FINISHED_STATUSES, finished_at__gte=recent)
             )
             .values_list("task_path", flat=True)
             .distinct()
@@ -69,11 +68,7 @@ class QueueFilter(FieldValueFilter):
             if isinstance(backend, LeaseJobsBackend)
             for queue in backend.queues
         }
-        names.update(
-            Job.objects.filter(status__in=[JobStatus.PENDING, JobStatus.RUNNING])
-            .values_list("queue", flat=True)
-            .distinct()
-        )
+        names.update(Job.objects.filter(ACTIVE_ROWS).values_list("queue", flat=True).distinct())
         chosen = self.value()
         if chosen:
             names.add(chosen)

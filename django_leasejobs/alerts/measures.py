@@ -8,8 +8,8 @@ Every query is bounded, never a scan of the job table:
   starts in; with ``ROLLUPS = False``, the job rows through ``leasejobs_job_finished_idx``
   on ``(status, finished_at)``, one range per status, so the cost follows the jobs that
   finished within the window (at most a day, ``alert_spec.MAX_WINDOW``);
-* ready jobs (``backlog``, ``oldest_ready``): the pending rows, through the same index
-  (``status = 'pending'`` leads it; pending rows have no ``finished_at``);
+* ready jobs (``backlog``, ``oldest_ready``): the pending rows, through the partial
+  indexes that hold them (``models.PENDING_ROWS``);
 * workers (``no_worker``): the registry rows of the backend's online workers.
 
 :func:`finished_counts` is the one place that counts finished jobs over a window.
@@ -24,7 +24,7 @@ from django.db.models import Count, Min, Q, QuerySet, Sum
 
 from ..alert_spec import AlertRule, window_text
 from ..leases import minute_of
-from ..models import Job, JobRollup, JobStatus, Worker, WorkerState
+from ..models import PENDING_ROWS, Job, JobRollup, JobStatus, Worker, WorkerState
 
 FAILED = (JobStatus.FAILED, JobStatus.DEAD)
 """Finished for good without success (cancelled jobs are neither success nor failure,
@@ -132,7 +132,7 @@ def _dead_letters(
 def _ready(rule: AlertRule, backend: str, now: datetime, using: str) -> Measure:
     ready = (
         _jobs(rule, backend, using)
-        .filter(status=JobStatus.PENDING, run_after__lte=now)
+        .filter(PENDING_ROWS, run_after__lte=now)
         .aggregate(n=Count("id"), oldest=Min("run_after"))
     )
     if rule.kind == "backlog":

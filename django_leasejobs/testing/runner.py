@@ -32,7 +32,7 @@ from ..compat import Task, task_backends, task_finished, task_started
 from ..functions import DatabaseNow
 from ..leases import ClaimedJob, Completion, ErrorInfo, Failure, LeaseLost, Progress
 from ..leases.rules import CANCELLED_ERROR_CLASS, CANCELLED_ERROR_MESSAGE, TIMEOUT_ERROR_CLASS
-from ..models import FINISHED_STATUSES, AttemptOutcome, Job, JobAttempt, JobStatus
+from ..models import FINISHED_STATUSES, PENDING_ROWS, AttemptOutcome, Job, JobAttempt, JobStatus
 from ..retry import RETRIED
 from ..worker.execution import (
     JobSpec,
@@ -174,7 +174,7 @@ def _make_due(backend: LeaseJobsBackend, queues: list[str] | None) -> None:
     """Pending jobs due later become due now: the database's clock, as the column's
     default writes it for a job enqueued without ``run_after``."""
     later = Job.objects.using(backend.database).filter(
-        backend=backend.alias, status=JobStatus.PENDING, run_after__gt=DatabaseNow()
+        PENDING_ROWS, backend=backend.alias, run_after__gt=DatabaseNow()
     )
     if queues is not None:
         later = later.filter(queue__in=queues)
