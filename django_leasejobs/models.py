@@ -35,16 +35,22 @@ ACTIVE_STATUSES = (JobStatus.WAITING, JobStatus.PENDING, JobStatus.RUNNING)
 """The statuses of a job that has not finished: they hold its dedup key."""
 FINISHED_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DEAD, JobStatus.CANCELLED)
 
-PENDING_ROWS = Q(status=JobStatus.PENDING, flow_group__isnull=True) | Q(
-    status=JobStatus.PENDING, flow_group__isnull=False
+PENDING_ROWS = Q(status=JobStatus.PENDING) & (
+    Q(flow_group__isnull=True) | Q(flow_group__isnull=False)
 )
-"""Pending jobs, as the two conditions of the partial indexes that hold them (the claim
-index, the flow lane's): PostgreSQL reads such a filter from both indexes (a BitmapOr),
-where a plain ``status = 'pending'`` matches no index and scans the table. No index
-holds every row's status (migration 0023): each would take an entry for every change of
-every job's status."""
-ACTIVE_ROWS = PENDING_ROWS | Q(status=JobStatus.RUNNING)
-"""Pending and running jobs, read from their partial indexes (see ``PENDING_ROWS``)."""
+"""Pending jobs, in a form every database reads from an index. On PostgreSQL no index
+holds every row's status (``leasejobs_job_finished_idx`` holds finished jobs only,
+migration 0023: an index of every row takes an entry at each change of each job's
+status), and the ``OR`` of the two lanes' conditions lets it read the claim index and the
+flow lane's index (a BitmapOr). MySQL, MariaDB and SQLite read ``status = 'pending'``
+from an index led by the status."""
+ACTIVE_ROWS = Q(status__in=[JobStatus.PENDING, JobStatus.RUNNING]) & (
+    Q(status=JobStatus.PENDING, flow_group__isnull=True)
+    | Q(status=JobStatus.PENDING, flow_group__isnull=False)
+    | Q(status=JobStatus.RUNNING)
+)
+"""Pending and running jobs, as ``PENDING_ROWS``: on PostgreSQL from the claim index, the
+flow lane's and the running jobs' (each ``OR`` arm is one's condition)."""
 
 
 class AttemptOutcome(models.TextChoices):
@@ -265,11 +271,12 @@ class Job(models.Model):
                 condition=Q(status="running"),
             ),
             # Finished jobs by status and age (pruning, the dashboard's last hour, alerts).
-            # Partial: a job's enqueue and claim leave it alone (migration 0023). A job has
-            # a finished_at exactly while its status is a finished one; the condition is
-            # on finished_at, not on the status, so that a query over every finished status
+            # On PostgreSQL partial: a job's enqueue and claim leave it alone (migration
+            # 0023; only a finished job has a finished_at). The condition is on
+            # finished_at, not on the status, so that a query over every finished status
             # keeps its status as an index condition (PostgreSQL drops a condition the
-            # index's own implies). On MySQL/MariaDB an index of every row.
+            # index's own implies). SQLite, MySQL and MariaDB keep an index of every row,
+            # which their readers of pending jobs use (models.PENDING_ROWS).
             models.Index(
                 fields=["status", "finished_at"],
                 name="leasejobs_job_finished_idx",

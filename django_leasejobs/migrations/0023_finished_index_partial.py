@@ -1,6 +1,6 @@
 # Written by hand (the operations Django generates, with the index rebuilt per database).
-"""``leasejobs_job_finished_idx`` holds finished jobs only: ``(status, finished_at) WHERE
-finished_at IS NOT NULL`` (issue 32).
+"""On PostgreSQL ``leasejobs_job_finished_idx`` holds finished jobs only: ``(status,
+finished_at) WHERE finished_at IS NOT NULL`` (issue 32).
 
 Every change of a job's status writes a new row version, and an index of every row takes
 an entry for each: the enqueue, the claim and the end of every job. Only finished jobs
@@ -9,11 +9,12 @@ the dashboard's last hour, alerts with ``ROLLUPS = False``), so the enqueue and 
 now leave it alone: a third of its writes. Readers of pending and running jobs use the
 partial indexes that hold them (``models.PENDING_ROWS``, ``ACTIVE_ROWS``).
 
-On PostgreSQL the new index is built ``CONCURRENTLY`` under another name, the old one
-dropped, the new one renamed: pruning never goes without its index, and the table stays
-writable (the migration is not atomic for that). SQLite drops and creates it. MySQL and
-MariaDB have no partial indexes: their index stays the plain one of every row, as
-Django makes it from the model, and nothing runs there.
+The new index is built ``CONCURRENTLY`` under another name, the old one dropped, the
+new one renamed: pruning never goes without its index, and the table stays writable (the
+migration is not atomic for that). Nothing runs on other databases: MySQL and MariaDB
+have no partial indexes (Django makes the model's index there without its condition),
+and SQLite keeps its index of every row, which it reads ``status = 'pending'`` from
+(``models.PENDING_ROWS``; its planner reads neither partial index for that ``OR``).
 """
 
 from django.db import migrations, models
@@ -27,15 +28,9 @@ NEW = models.Index(
 
 
 def _swap(apps, schema_editor, *, partial: bool) -> None:
-    vendor = schema_editor.connection.vendor
-    if vendor == "mysql":
+    if schema_editor.connection.vendor != "postgresql":
         return
     job = apps.get_model("django_leasejobs", "Job")
-    if vendor != "postgresql":
-        dropped, made = (OLD, NEW) if partial else (NEW, OLD)
-        schema_editor.remove_index(job, dropped)
-        schema_editor.add_index(job, made)
-        return
     q = schema_editor.quote_name
     table = q(job._meta.db_table)
     building = f"{NEW.name}_rebuilt"

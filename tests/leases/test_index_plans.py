@@ -1,8 +1,9 @@
 """Readers of a big job table stay on its indexes, and the index of finished jobs holds
 finished jobs only (migration 0023, issue 32).
 
-A job's enqueue and claim write no entry into ``leasejobs_job_finished_idx``: it is
-partial on ``finished_at IS NOT NULL``. Readers of pending and running jobs, which used
+On PostgreSQL a job's enqueue and claim write no entry into ``leasejobs_job_finished_idx``:
+it is partial on ``finished_at IS NOT NULL`` (SQLite, MySQL and MariaDB keep it over
+every row). Readers of pending and running jobs, which used
 to read that index by its leading ``status``, read the partial indexes that hold them
 instead (``models.PENDING_ROWS``, ``ACTIVE_ROWS``). On PostgreSQL each of them is
 planned here against a table of mostly finished jobs with fresh statistics: none may
