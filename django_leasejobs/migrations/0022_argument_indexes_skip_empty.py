@@ -15,6 +15,8 @@ renamed: the search never goes without its index, and the table stays writable.
 
 from django.db import migrations
 
+from ._pg_index import rebuild_concurrently
+
 INDEXES = (
     ("leasejobs_job_args_gin", "args", "'[]'::jsonb"),
     ("leasejobs_job_kwargs_gin", "kwargs", "'{}'::jsonb"),
@@ -22,21 +24,11 @@ INDEXES = (
 
 
 def _rebuild(apps, schema_editor, *, partial: bool) -> None:
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    job = apps.get_model("django_leasejobs", "Job")._meta.db_table
     q = schema_editor.quote_name
     for name, column, empty in INDEXES:
-        building = f"{name}_rebuilt"
         where = f" WHERE {q(column)} <> {empty}" if partial else ""
-        # A build that failed half-way leaves an INVALID index behind: drop it first.
-        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {q(building)}")
-        schema_editor.execute(
-            f"CREATE INDEX CONCURRENTLY {q(building)} ON {q(job)} "
-            f"USING gin ({q(column)} jsonb_path_ops){where}"
-        )
-        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {q(name)}")
-        schema_editor.execute(f"ALTER INDEX {q(building)} RENAME TO {q(name)}")
+        definition = f"USING gin ({q(column)} jsonb_path_ops){where}"
+        rebuild_concurrently(apps, schema_editor, name, definition)
 
 
 def forwards(apps, schema_editor):

@@ -1,4 +1,4 @@
-# Written by hand (the operations Django generates, with the index rebuilt per database).
+# Written by hand (the operations Django generates, with the index rebuilt on PostgreSQL only).
 """On PostgreSQL ``leasejobs_job_finished_idx`` holds finished jobs only: ``(status,
 finished_at) WHERE finished_at IS NOT NULL`` (issue 32).
 
@@ -14,10 +14,14 @@ new one renamed: pruning never goes without its index, and the table stays writa
 migration is not atomic for that). Nothing runs on other databases: MySQL and MariaDB
 have no partial indexes (Django makes the model's index there without its condition),
 and SQLite keeps its index of every row, which it reads ``status = 'pending'`` from
-(``models.PENDING_ROWS``; its planner reads neither partial index for that ``OR``).
+(``models.PENDING_ROWS``; its planner reads neither partial index for that ``OR``). A
+later migration that makes SQLite rebuild the job table creates the model's partial index
+there: its readers work either way, the pending ones then through the two lanes' indexes.
 """
 
 from django.db import migrations, models
+
+from ._pg_index import rebuild_concurrently
 
 OLD = models.Index(fields=["status", "finished_at"], name="leasejobs_job_finished_idx")
 NEW = models.Index(
@@ -27,30 +31,18 @@ NEW = models.Index(
 )
 
 
-def _swap(apps, schema_editor, *, partial: bool) -> None:
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    job = apps.get_model("django_leasejobs", "Job")
+def _definition(schema_editor, *, partial: bool) -> str:
     q = schema_editor.quote_name
-    table = q(job._meta.db_table)
-    building = f"{NEW.name}_rebuilt"
     where = f" WHERE {q('finished_at')} IS NOT NULL" if partial else ""
-    # A build that failed half-way leaves an INVALID index behind: drop it first.
-    schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {q(building)}")
-    schema_editor.execute(
-        f"CREATE INDEX CONCURRENTLY {q(building)} ON {table} "
-        f"({q('status')}, {q('finished_at')}){where}"
-    )
-    schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {q(NEW.name)}")
-    schema_editor.execute(f"ALTER INDEX {q(building)} RENAME TO {q(NEW.name)}")
+    return f"({q('status')}, {q('finished_at')}){where}"
 
 
 def forwards(apps, schema_editor):
-    _swap(apps, schema_editor, partial=True)
+    rebuild_concurrently(apps, schema_editor, NEW.name, _definition(schema_editor, partial=True))
 
 
 def backwards(apps, schema_editor):
-    _swap(apps, schema_editor, partial=False)
+    rebuild_concurrently(apps, schema_editor, OLD.name, _definition(schema_editor, partial=False))
 
 
 class Migration(migrations.Migration):
