@@ -215,3 +215,19 @@ def refusing_to_finish(job_id: int, *, as_connection_error: bool = False) -> Ite
                 cursor.execute("DROP FUNCTION IF EXISTS leasejobs_test_refuse()")
             else:
                 cursor.execute("DROP TRIGGER IF EXISTS leasejobs_test_refuse")
+
+
+def job_table_scans(plan: dict[str, Any], alias: str | None = None) -> list[tuple[str, str]]:
+    """(node type, index name) of every scan of ``leasejobs_job`` in an ``EXPLAIN (FORMAT
+    JSON)`` plan node and its children (PostgreSQL); with ``alias``, only scans under that
+    alias. The UPDATE itself (``ModifyTable``) is no scan."""
+    found = []
+    if (
+        plan.get("Relation Name") == "leasejobs_job"
+        and plan.get("Node Type") != "ModifyTable"
+        and (alias is None or plan.get("Alias") == alias)
+    ):
+        found.append((plan["Node Type"], plan.get("Index Name", "")))
+    for child in plan.get("Plans", []):
+        found += job_table_scans(child, alias)
+    return found

@@ -35,6 +35,7 @@ from tests.helpers_leases import (
     attempt_rows,
     claim_one,
     expire,
+    job_table_scans,
     make_job,
     make_jobs,
     make_ready,
@@ -991,17 +992,6 @@ def test_heartbeat_and_batched_writes_of_one_worker_do_not_deadlock() -> None:
     assert Job.objects.filter(pk__in=ids, status=JobStatus.RUNNING).count() == count
 
 
-def _scans_of_the_job_table(plan: Any) -> list[tuple[str, str]]:
-    """(node type, index name) of every scan of ``leasejobs_job`` aliased ``j``."""
-    found = []
-    scan = plan.get("Node Type") != "ModifyTable"
-    if scan and plan.get("Relation Name") == "leasejobs_job" and plan.get("Alias") == "j":
-        found.append((plan["Node Type"], plan.get("Index Name", "")))
-    for child in plan.get("Plans", []):
-        found += _scans_of_the_job_table(child)
-    return found
-
-
 @db
 @pytest.mark.skipif(not ON_POSTGRESQL, reason="the batched path's plan on PostgreSQL")
 def test_a_batched_write_reaches_its_rows_by_primary_key_even_with_stale_statistics(
@@ -1026,5 +1016,5 @@ def test_a_batched_write_reaches_its_rows_by_primary_key_even_with_stale_statist
     with connection.cursor() as cursor:
         cursor.execute(f"EXPLAIN (FORMAT JSON) {statement}")
         [[plan]] = cursor.fetchall()
-    scans = _scans_of_the_job_table(plan[0]["Plan"])
+    scans = job_table_scans(plan[0]["Plan"], alias="j")
     assert scans == [("Index Scan", "leasejobs_job_pkey")], scans

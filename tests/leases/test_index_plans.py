@@ -12,7 +12,7 @@ scan the table.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -26,6 +26,7 @@ from django_leasejobs import leases, queues, stats
 from django_leasejobs.alert_spec import AlertKind, AlertRule
 from django_leasejobs.alerts import measures
 from django_leasejobs.models import ACTIVE_ROWS, FINISHED_STATUSES, PENDING_ROWS, Job, JobStatus
+from tests.helpers_leases import job_table_scans
 
 db = pytest.mark.django_db(transaction=True)
 ON_POSTGRESQL = connection.vendor == "postgresql"
@@ -49,7 +50,7 @@ def _rows(status: str, count: int, extra: str = "", values: str = "") -> str:
 
 
 @pytest.fixture
-def big_table() -> Iterator[None]:
+def big_table() -> None:
     """Mostly finished jobs (a day of them), some pending (a tenth under a flow limit),
     a few running; statistics fresh."""
     with connection.cursor() as cursor:
@@ -73,17 +74,6 @@ def big_table() -> Iterator[None]:
             )
         )
         cursor.execute("ANALYZE leasejobs_job")
-    yield
-
-
-def _scans(plan: dict[str, Any]) -> list[tuple[str, str]]:
-    """(node type, index name) of every scan of ``leasejobs_job`` in ``plan``."""
-    found = []
-    if plan.get("Relation Name") == "leasejobs_job" and plan.get("Node Type") != "ModifyTable":
-        found.append((plan["Node Type"], plan.get("Index Name", "")))
-    for child in plan.get("Plans", []):
-        found += _scans(child)
-    return found
 
 
 def _job_table_reads(run: Callable[[], object]) -> list[tuple[str, list[tuple[str, str]]]]:
@@ -98,7 +88,7 @@ def _job_table_reads(run: Callable[[], object]) -> list[tuple[str, list[tuple[st
         with connection.cursor() as cursor:
             cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}")
             [[plan]] = cursor.fetchall()
-        reads.append((sql, _scans(plan[0]["Plan"])))
+        reads.append((sql, job_table_scans(plan[0]["Plan"])))
     assert reads, "nothing read the job table"
     return reads
 
