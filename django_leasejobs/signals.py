@@ -73,7 +73,9 @@ worker_idle = Signal()
 """A worker's claim found no job: it looks again after ``wait`` seconds unless a
 notification, a slot or a stop wakes it first. Extra: worker_id, wait (seconds),
 listening (bool: waiting on ``NOTIFY``, so ``wait`` is the safety poll or the next
-delayed job's due time; else it polls every ``POLL_INTERVAL``)."""
+delayed job's due time; else it polls every ``POLL_INTERVAL``), passed_over (bool: a
+``--burst`` worker's claim read past a due job whose row another transaction held
+locked; the worker looks again rather than exit, for up to 5 seconds)."""
 
 prefetch_returned = Signal()
 """A worker gives back prefetched jobs that waited too long for a slot (behind long jobs),

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.db.models.functions import Now
 
 from django_leasejobs import leases
@@ -215,6 +215,34 @@ def refusing_to_finish(job_id: int, *, as_connection_error: bool = False) -> Ite
                 cursor.execute("DROP FUNCTION IF EXISTS leasejobs_test_refuse()")
             else:
                 cursor.execute("DROP TRIGGER IF EXISTS leasejobs_test_refuse")
+
+
+@contextmanager
+def locked_elsewhere(job_id: int) -> Iterator[None]:
+    """Hold ``job_id``'s row locked from another connection (``SELECT ... FOR UPDATE``)."""
+    holding, release = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().get(pk=job_id)
+                holding.set()
+                release.wait(60)
+        except BaseException as exc:
+            failures.append(exc)
+            holding.set()
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(30) and not failures, failures
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join(30)
 
 
 def job_table_scans(plan: dict[str, Any], alias: str | None = None) -> list[tuple[str, str]]:

@@ -67,7 +67,7 @@ from .finish import (
     release,
     release_collateral,
 )
-from .flow import seconds_to_next_due
+from .flow import due_now, seconds_to_next_due
 from .keys import debounce, key_holder, runnable_after
 from .operator import backend_database, cancel, retry
 from .reap import find_stale, reap
@@ -163,6 +163,7 @@ __all__ = [
     "debounce",
     "decide",
     "defer_unknown",
+    "due_now",
     "fail",
     "fail_many",
     "find_stale",

@@ -223,33 +223,85 @@ def seconds_to_next_due(
         return 0.0
     if queues is not None and not queues:
         return None
+    pending, params = _pending(d, backend, queues, skip_tasks)
+    earliest = [
+        f"(SELECT MIN(j.run_after) FROM {d.jobs} AS j WHERE {lane})"  # noqa: S608 - identifiers quoted, values bound
+        for lane in pending
+    ]
+    sql = (
+        f"SELECT CASE WHEN {_any_due(d, pending)} THEN 0 ELSE "  # noqa: S608 - identifiers quoted, values bound
+        f"EXTRACT(EPOCH FROM LEAST({', '.join(earliest)}) - statement_timestamp()) END"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params * 4)
+        row = cursor.fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def due_now(
+    backend: str,
+    queues: Sequence[str] | None,
+    *,
+    skip_tasks: Collection[str] = (),
+    using: str = "default",
+) -> bool:
+    """Whether a pending job of the unpaused ``queues`` (None: every queue) of ``backend``
+    is due, the jobs of ``skip_tasks`` left out; read without a lock, on every database.
+
+    A claim reads past rows another transaction holds locked (``SKIP LOCKED``: another
+    worker's claim, this worker's own renewal, an operator's ``select_for_update``), so
+    an empty claim alone does not say that no job is due: a ``--burst`` worker asks this
+    before it exits on one.
+    """
+    if queues is not None and not queues:
+        return False
+    d = dialect(using)
+    pending, params = _pending(d, backend, queues, skip_tasks)
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SELECT CASE WHEN {_any_due(d, pending)} THEN 1 ELSE 0 END", params * 2)
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
+def _pending(
+    d: Dialect, backend: str, queues: Sequence[str] | None, skip_tasks: Collection[str]
+) -> tuple[list[str], list[Any]]:
+    """The conditions (on ``j``) of the pending jobs of ``backend`` in the unpaused
+    ``queues`` (None: every queue), one per lane (each lane has its partial index), and
+    the parameters of each."""
     if queues is None:
         in_queues = f"AND {paused_condition(d, 'j.queue')}"
-        queue_params: list[Any] = [backend]
-    else:
+        params: list[Any] = [backend, backend]
+    elif d.vendor == "postgresql":
+        # The paused queues are left out of the list before the lane is read.
         table = d.q(Queue._meta.db_table)
         in_queues = (
             "AND j.queue = ANY(ARRAY(SELECT q.name FROM unnest(%s::text[]) AS q(name) "  # noqa: S608 - identifiers quoted, values bound
             f"WHERE NOT EXISTS (SELECT 1 FROM {table} AS qs WHERE qs.backend = %s "
             "AND qs.name = q.name AND qs.paused = TRUE)))"
         )
-        queue_params = [list(queues), backend]
-    queue_params.extend(skip_tasks)
+        params = [backend, list(queues), backend]
+    else:
+        in_queues = (
+            f"AND j.queue IN ({placeholders(len(queues))}) AND {paused_condition(d, 'j.queue')}"
+        )
+        params = [backend, *queues, backend]
+    params.extend(skip_tasks)
     in_queues += skipping(skip_tasks)
-    due, earliest = [], []
-    for lane in ("IS NULL", "IS NOT NULL"):  # one partial index each
-        where = f"j.status = 'pending' AND j.flow_group {lane} AND j.backend = %s {in_queues}"
-        due.append(f"EXISTS (SELECT 1 FROM {d.jobs} AS j WHERE {where} AND j.run_after <= {d.now})")  # noqa: S608 - identifiers quoted, values bound
-        earliest.append(f"(SELECT MIN(j.run_after) FROM {d.jobs} AS j WHERE {where})")  # noqa: S608 - identifiers quoted, values bound
-    params = [backend, *queue_params] * 4
-    sql = (
-        f"SELECT CASE WHEN {' OR '.join(due)} THEN 0 ELSE "  # noqa: S608 - identifiers quoted, values bound
-        f"EXTRACT(EPOCH FROM LEAST({', '.join(earliest)}) - statement_timestamp()) END"
+    lanes = [
+        f"j.status = 'pending' AND j.flow_group {lane} AND j.backend = %s {in_queues}"
+        for lane in ("IS NULL", "IS NOT NULL")
+    ]
+    return lanes, params
+
+
+def _any_due(d: Dialect, pending: list[str]) -> str:
+    """SQL true when a row of one of the ``pending`` lanes is due (their parameters, in
+    order)."""
+    return " OR ".join(
+        f"EXISTS (SELECT 1 FROM {d.jobs} AS j WHERE {lane} AND j.run_after <= {d.now})"  # noqa: S608 - identifiers quoted, values bound
+        for lane in pending
     )
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    return None if row is None or row[0] is None else float(row[0])
 
 
 def flow_claim(

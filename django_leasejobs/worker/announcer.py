@@ -122,16 +122,29 @@ class Announcer:
             extra={"worker": self.worker_id, "duration": round(took, 6)},
         )
 
-    def idle(self, wait: float, *, listening: bool) -> None:
-        """An empty claim: the worker waits ``wait`` seconds before it looks again."""
+    def idle(self, wait: float, *, listening: bool, passed_over: bool) -> None:
+        """An empty claim: the worker waits ``wait`` seconds before it looks again
+        (``passed_over``: a ``--burst`` worker's claim read past a due job's locked row)."""
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
-                "no job ready; next look for work in %.3fs (%s)",
+                "no job ready%s; next look for work in %.3fs (%s)",
+                " (a due job's row was locked elsewhere)" if passed_over else "",
                 wait,
                 "listening" if listening else "polling",
                 extra={"worker": self.worker_id, "duration": round(wait, 6)},
             )
-        self._announce(worker_idle, wait=wait, listening=listening)
+        self._announce(worker_idle, wait=wait, listening=listening, passed_over=passed_over)
+
+    def burst_left_due(self, waited: float) -> None:
+        """A ``--burst`` worker exits although due jobs are pending: their rows stayed
+        locked by other transactions for ``waited`` seconds (``loop.BURST_PATIENCE``)."""
+        logger.warning(
+            "--burst: exiting with due jobs left pending: their rows stayed locked by "
+            "other transactions for %.1fs (another worker's claim, or a transaction that "
+            "holds them with select_for_update); a worker that is not --burst takes them",
+            waited,
+            extra={"worker": self.worker_id, "duration": round(waited, 6)},
+        )
 
     def gave_back(self, count: int) -> None:
         if count:

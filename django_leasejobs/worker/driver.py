@@ -99,6 +99,9 @@ class RoundDriver:
         self.next_poll = 0.0
         self.claim_wanted = True
         self.last_claimed: int | None = None
+        self.passed_over_since: float | None = None
+        """Since when (monotonic) the claims of a ``--burst`` worker came back empty while
+        a due job was pending (``RoundResult.passed_over``); None after any other claim."""
         self._last_full = False
         """The last claim taken brought as many jobs as it asked for."""
         self._flow_held_until = 0.0
@@ -189,7 +192,7 @@ class RoundDriver:
             flow=self.options.flow,
             main_lane_first=now < self._flow_held_until,
         )
-        future = self._executor.submit(self._run, plan, ctx, listening)
+        future = self._executor.submit(self._run, plan, ctx, listening, burst)
         future.add_done_callback(lambda _: self._wake())  # runs once done() is true
         self._rounds.append(InFlight(plan, future, now))
 
@@ -235,15 +238,17 @@ class RoundDriver:
             )
         return plan, result, time.monotonic() - max(started, result.began)
 
-    def _run(self, plan: RoundPlan, ctx: RoundContext, listening: bool) -> RoundResult:
+    def _run(self, plan: RoundPlan, ctx: RoundContext, listening: bool, burst: bool) -> RoundResult:
         """One round, in the database thread, noting when it began there (it may have
         waited behind another)."""
         began = time.monotonic()
-        result = self._run_and_look(plan, ctx, listening)
+        result = self._run_and_look(plan, ctx, listening, burst)
         result.began = began
         return result
 
-    def _run_and_look(self, plan: RoundPlan, ctx: RoundContext, listening: bool) -> RoundResult:
+    def _run_and_look(
+        self, plan: RoundPlan, ctx: RoundContext, listening: bool, burst: bool
+    ) -> RoundResult:
         """One round; then what the idle wait needs.
 
         Jobs this round gave back (prefetched jobs, or released at shutdown) get a
@@ -251,7 +256,10 @@ class RoundDriver:
         claim by a listening worker, one more query finds when its next delayed job
         comes due: a NOTIFY is sent at enqueue, not when ``run_after`` passes. A safety
         poll (``plan.look_first``) asks that first, and claims only when a job is due:
-        an idle worker's poll is then one query, not two.
+        an idle worker's poll is then one query, not two. After an empty claim of a
+        ``--burst`` worker that no limit explains, one query without locks asks whether
+        a job is due all the same (``leases.due_now``): the claim passed over its locked
+        row, and the worker looks again rather than exit.
         """
         known_due: float | None = None
         if plan.look_first:
@@ -278,10 +286,17 @@ class RoundDriver:
                         if known_due is not None
                         else self.seconds_to_next_due(plan.skip_tasks)
                     )
+                if burst and plan.claim_limit and result.claimed == [] and not result.flow_held:
+                    # (True until the lookup says not: after a failed lookup it looks again)
+                    result.passed_over = True
+                    result.passed_over = leases.due_now(
+                        self.backend, self.queues, skip_tasks=plan.skip_tasks, using=self.database
+                    )
             except Exception as exc:  # the idle wait falls back to POLL_INTERVAL
                 result.next_due = 0.0
                 logger.warning(
-                    "after a round (NOTIFY of given-back jobs, next-due lookup): %s; polling",
+                    "after a round (NOTIFY of given-back jobs, due or next-due lookup): %s; "
+                    "polling",
                     storable_text(exc, 500),
                     extra={"worker": self.worker_id, "error": storable_text(exc, 500)},
                 )
@@ -344,10 +359,17 @@ class RoundDriver:
 
     # -- the rhythm of claims ------------------------------------------------------------
 
-    def claimed(self, count: int, limit: int, *, listening: bool) -> float | None:
-        """Note a claim's size; after an empty one, return how long the worker now waits
-        before it looks for work again (unless woken), else None."""
+    def claimed(
+        self, count: int, limit: int, *, listening: bool, passed_over: bool
+    ) -> float | None:
+        """Note a claim's size (and, for an empty one, whether it ``passed_over`` a due
+        job); after an empty one, return how long the worker now waits before it looks
+        for work again (unless woken), else None."""
         self.last_claimed = count
+        if not passed_over:
+            self.passed_over_since = None
+        elif self.passed_over_since is None:
+            self.passed_over_since = time.monotonic()
         self._last_full = count >= limit
         if count >= limit:
             self.claim_wanted = True  # a full batch: there may be more ready jobs now

@@ -84,6 +84,11 @@ While a slot holds such jobs, the loop looks in on them this often."""
 STOPPING_LOOK = 0.2
 """How often a stopping worker looks at its shutdown deadline (seconds)."""
 
+BURST_PATIENCE = 5.0
+"""How long (seconds) a ``--burst`` worker keeps looking, at each ``POLL_INTERVAL``, for a
+due job its claims passed over (its row locked by another transaction, mostly for
+milliseconds: ``RoundResult.passed_over``) before it exits all the same."""
+
 __all__ = ["Worker", "WorkerConfig"]
 
 
@@ -345,7 +350,16 @@ class Worker:
         max_jobs = self.config.max_jobs
         if max_jobs is not None and self.book.finished >= max_jobs:
             return True
-        return self.config.burst and self.rounds.last_claimed == 0 and not self.book and idle
+        if not (self.config.burst and self.rounds.last_claimed == 0 and not self.book and idle):
+            return False
+        since = self.rounds.passed_over_since
+        if since is None:
+            return True
+        waited = time.monotonic() - since
+        if waited < BURST_PATIENCE:
+            return False  # look again at the next poll
+        self.reporter.burst_left_due(waited)
+        return True
 
     def _publish_status(self) -> None:
         status = WorkerStatus(
@@ -427,9 +441,14 @@ class Worker:
                 result.claim_sent, time.monotonic(), result.claim_lease
             )
             self.reporter.claimed(len(claimed), plan.claim_limit)
-            idle = self.rounds.claimed(len(claimed), plan.claim_limit, listening=self.listening)
+            idle = self.rounds.claimed(
+                len(claimed),
+                plan.claim_limit,
+                listening=self.listening,
+                passed_over=result.passed_over,
+            )
             if idle is not None:
-                self.reporter.idle(idle, listening=self.listening)
+                self.reporter.idle(idle, listening=self.listening, passed_over=result.passed_over)
             self.handover.take_claimed(claimed, result.claim_sent, result.claim_lease)
 
     def _pace(self, took: float, what: str) -> None:

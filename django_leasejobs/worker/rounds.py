@@ -144,6 +144,10 @@ class RoundResult:
     next_due: float | None = None
     """After an empty claim of a listening worker: seconds until its next pending job
     comes due (None: none pending, or not looked up)."""
+    passed_over: bool = False
+    """After an empty claim of a ``--burst`` worker that no limit explains: a due job is
+    pending all the same (``leases.due_now``), its row locked by another transaction
+    while the claim read past it (``SKIP LOCKED``)."""
     error: Exception | None = None
     began: float = 0.0
     """When (monotonic) the database thread began the round."""

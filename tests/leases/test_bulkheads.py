@@ -14,14 +14,11 @@ tests/test_worker_poison.py shows the same with real ``runworker`` processes.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection
 from django.db.models import JSONField, Value
 
 from django_leasejobs import leases
@@ -36,6 +33,7 @@ from tests.helpers_leases import (
     attempt_rows,
     claim_one,
     expire,
+    locked_elsewhere,
     make_job,
     make_jobs,
     refusing_to_finish,
@@ -294,34 +292,6 @@ def test_an_outcome_refused_even_as_a_fallback_is_unwritable_and_the_rest_lands(
 
 
 # --------------------------------------------------------------------------- locked rows
-
-
-@contextmanager
-def locked_elsewhere(job_id: int) -> Iterator[None]:
-    """Hold ``job_id``'s row locked from another connection (``SELECT ... FOR UPDATE``)."""
-    holding, release = threading.Event(), threading.Event()
-    failures: list[BaseException] = []
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                Job.objects.select_for_update().get(pk=job_id)
-                holding.set()
-                release.wait(60)
-        except BaseException as exc:
-            failures.append(exc)
-            holding.set()
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert holding.wait(30) and not failures, failures
-    try:
-        yield
-    finally:
-        release.set()
-        holder.join(30)
 
 
 @row_locks
