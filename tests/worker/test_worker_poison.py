@@ -8,16 +8,15 @@ clear terminal state with an attempt row saying why, that every healthy job succ
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
 from django_leasejobs.models import AttemptOutcome, Job, JobAttempt, JobStatus
 from django_leasejobs.models import Worker as WorkerRow
 from tests import tasks_worker_poison as poison
-from tests.helpers_leases import refusing_to_finish
+from tests.helpers_leases import locked_elsewhere, refusing_to_finish
 from tests.tasks_worker_shutdown import record_job, slow_job
 from tests.waiting import wait_until
 
@@ -258,32 +257,12 @@ def test_a_row_locked_elsewhere_never_costs_the_other_jobs_their_leases(
     started = Path(marker_dir) / "locked.started"
     wait_until(started.exists, timeout=20, what="the job to lock to start")
 
-    holding = threading.Event()
-    release = threading.Event()
-
-    def hold_lock() -> None:
-        from django.db import connections
-
-        try:
-            with transaction.atomic():
-                Job.objects.select_for_update().get(pk=locked)
-                holding.set()
-                release.wait(60)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold_lock)
-    holder.start()
-    try:
-        assert holding.wait(20)
+    with locked_elsewhere(locked):
         wait_until(
             lambda: Job.objects.filter(pk__in=long_jobs, status=JobStatus.SUCCEEDED).count() == 2,
             timeout=30,
             what="the long jobs to succeed while the other row is locked",
         )
-    finally:
-        release.set()
-        holder.join(30)
     # Both ran once, as their first attempt: their leases were renewed all along.
     assert set(Job.objects.filter(pk__in=long_jobs).values_list("attempt", flat=True)) == {1}
     assert not JobAttempt.objects.filter(job_id__in=long_jobs).exists()
