@@ -1,5 +1,6 @@
-"""Helpers for the lease protocol and reaper tests (tests/leases/: test_leases.py,
-test_reaper.py).
+"""Helpers for the lease protocol and reaper tests (tests/leases/), and for the worker
+tests that need a row in a given state (a row locked elsewhere, a write the database
+refuses).
 
 All times are the database's clock: rows are moved in time with UPDATEs relative to
 ``Now()``, never with Python's clock.
