@@ -287,10 +287,18 @@ class RoundDriver:
                         else self.seconds_to_next_due(plan.skip_tasks)
                     )
                 if burst and plan.claim_limit and result.claimed == [] and not result.flow_held:
-                    # (True until the lookup says not: after a failed lookup it looks again)
+                    # (True until the lookup says not: after a failed lookup it looks again;
+                    # a listening worker's next-due lookup above answered it already)
                     result.passed_over = True
-                    result.passed_over = leases.due_now(
-                        self.backend, self.queues, skip_tasks=plan.skip_tasks, using=self.database
+                    result.passed_over = (
+                        result.next_due is not None and result.next_due <= 0
+                        if listening
+                        else leases.due_now(
+                            self.backend,
+                            self.queues,
+                            skip_tasks=plan.skip_tasks,
+                            using=self.database,
+                        )
                     )
             except Exception as exc:  # the idle wait falls back to POLL_INTERVAL
                 result.next_due = 0.0
