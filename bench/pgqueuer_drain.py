@@ -167,6 +167,8 @@ class OurRow:
     task: str = "noop"
     sync_on_loop: bool = False
     """``--sync-on-loop``: sync jobs on the slots' event loops, each in a thread."""
+    prefetch: int | None = None
+    """``--prefetch``; None: the worker's default."""
 
     system = "django-leasejobs"
     name = ""
@@ -174,14 +176,19 @@ class OurRow:
     @property
     def key(self) -> str:
         loop = "-on-loop" if self.sync_on_loop else ""
-        return f"ours-{self.pool}-c{self.concurrency}-p{self.processes}-{self.task}{loop}"
+        ahead = "" if self.prefetch is None else f"-pf{self.prefetch}"
+        return f"ours-{self.pool}-c{self.concurrency}-p{self.processes}-{self.task}{loop}{ahead}"
 
     @property
     def settings(self) -> str:
         forked = f" --processes {self.processes}" if self.processes > 1 else ""
         jobs = ", async def jobs" if self.task == "anoop" else ""
         loop = " --sync-on-loop" if self.sync_on_loop else ""
-        return f"runworker{forked} --pool {self.pool} --concurrency {self.concurrency}{loop}{jobs}"
+        ahead = "" if self.prefetch is None else f" --prefetch {self.prefetch}"
+        return (
+            f"runworker{forked} --pool {self.pool} --concurrency {self.concurrency}"
+            f"{ahead}{loop}{jobs}"
+        )
 
     @property
     def in_flight(self) -> str:
@@ -218,13 +225,20 @@ def pgq_grid(
     ]
 
 
-def our_rows(forked: Sequence[int]) -> list[OurRow]:
+def our_rows(forked: Sequence[int], prefetch: Sequence[int] = ()) -> list[OurRow]:
+    """Our rows: each pool at its defaults, and for each ``forked`` process count a
+    thread-pool worker per process, at the default prefetch and at each of ``prefetch``."""
     return [
         OurRow("process", 4),
         OurRow("thread", 16),
         OurRow("process", 2, task="anoop"),
         OurRow("process", 2, sync_on_loop=True),
-        *(OurRow("thread", 8, processes=n) for n in forked if n > 1),
+        *(
+            OurRow("thread", 8, processes=n, prefetch=ahead)
+            for n in forked
+            if n > 1
+            for ahead in (None, *prefetch)
+        ),
     ]
 
 
@@ -240,6 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pgq-batches", type=parse_ints, default=[32, 100])
     parser.add_argument("--pgq-caps", type=parse_ints, default=[0, 200], help="0: no cap")
     parser.add_argument("--forked", type=parse_ints, default=[2], help="runworker --processes")
+    parser.add_argument(
+        "--prefetch",
+        type=parse_ints,
+        default=[1024],
+        help="each --forked row again with runworker --prefetch N (1024)",
+    )
     parser.add_argument("--smoke", action="store_true", help="300 jobs, each system once")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per drain")
     add_server_options(parser)
@@ -659,6 +679,7 @@ class Bench:
             *("--burst", "--pool", row.pool, "--concurrency", str(row.concurrency)),
             *(("--processes", str(row.processes)) if row.processes > 1 else ()),
             *(("--sync-on-loop",) if row.sync_on_loop else ()),
+            *(("--prefetch", str(row.prefetch)) if row.prefetch is not None else ()),
         ]
         run = self.spawn(row, argv, self.env, "ours")
         [(first, last, total, good, attempts)] = self.execute(
@@ -738,7 +759,7 @@ def measure(bench: Bench) -> dict[str, Any]:
     best_key = max(grid, key=lambda k: grid[k]["drain_rate"] or 0)
     best = next(row for row in args.grid if row.key == best_key)
     best = dataclasses.replace(best, name="best")
-    ours = our_rows(args.forked)
+    ours = our_rows(args.forked, args.prefetch)
     rows: list[Row] = [best, FOUR_IN_FLIGHT, *ours]
     runs = run_rounds(bench, rows, args.rounds, "side by side")
     table = {key: summarize(r) for key, r in runs.items()}

@@ -73,17 +73,25 @@ def test_grid_leaves_out_caps_pgqueuer_refuses() -> None:
 
 
 def test_our_rows_and_what_they_hold_in_flight() -> None:
-    rows = drain.our_rows([1, 2, 4])
+    rows = drain.our_rows([1, 2, 4], [1024])
     assert [row.settings for row in rows] == [
         "runworker --pool process --concurrency 4",
         "runworker --pool thread --concurrency 16",
         "runworker --pool process --concurrency 2, async def jobs",
         "runworker --pool process --concurrency 2 --sync-on-loop",
         "runworker --processes 2 --pool thread --concurrency 8",
+        "runworker --processes 2 --pool thread --concurrency 8 --prefetch 1024",
         "runworker --processes 4 --pool thread --concurrency 8",
+        "runworker --processes 4 --pool thread --concurrency 8 --prefetch 1024",
     ]
-    assert [row.in_flight for row in rows] == ["4", "16", "200", "200", "16", "32"]
+    assert [row.in_flight for row in rows] == ["4", "16", "200", "200", "16", "16", "32", "32"]
     assert len({row.key for row in rows}) == len(rows)
+    assert len(drain.our_rows([2])) == 5  # no --prefetch rows unless asked
+
+
+def test_prefetch_rows_are_asked_for_by_default() -> None:
+    assert drain.parse_args([]).prefetch == [1024]
+    assert drain.parse_args(["--prefetch", "512,2048"]).prefetch == [512, 2048]
 
 
 def test_rates_and_rounds() -> None:
