@@ -180,15 +180,19 @@ class OurRow:
         return f"ours-{self.pool}-c{self.concurrency}-p{self.processes}-{self.task}{loop}{ahead}"
 
     @property
+    def options(self) -> list[str]:
+        """This row's ``runworker`` options (besides ``--burst``)."""
+        return [
+            *(("--processes", str(self.processes)) if self.processes > 1 else ()),
+            *("--pool", self.pool, "--concurrency", str(self.concurrency)),
+            *(("--prefetch", str(self.prefetch)) if self.prefetch is not None else ()),
+            *(("--sync-on-loop",) if self.sync_on_loop else ()),
+        ]
+
+    @property
     def settings(self) -> str:
-        forked = f" --processes {self.processes}" if self.processes > 1 else ""
         jobs = ", async def jobs" if self.task == "anoop" else ""
-        loop = " --sync-on-loop" if self.sync_on_loop else ""
-        ahead = "" if self.prefetch is None else f" --prefetch {self.prefetch}"
-        return (
-            f"runworker{forked} --pool {self.pool} --concurrency {self.concurrency}"
-            f"{ahead}{loop}{jobs}"
-        )
+        return " ".join(["runworker", *self.options]) + jobs
 
     @property
     def in_flight(self) -> str:
@@ -676,10 +680,7 @@ class Bench:
         self.execute(self.ours_dsn, "VACUUM ANALYZE leasejobs_job")
         argv = [
             *(sys.executable, str(REPO_ROOT / "testproject" / "manage.py"), "runworker"),
-            *("--burst", "--pool", row.pool, "--concurrency", str(row.concurrency)),
-            *(("--processes", str(row.processes)) if row.processes > 1 else ()),
-            *(("--sync-on-loop",) if row.sync_on_loop else ()),
-            *(("--prefetch", str(row.prefetch)) if row.prefetch is not None else ()),
+            *("--burst", *row.options),
         ]
         run = self.spawn(row, argv, self.env, "ours")
         [(first, last, total, good, attempts)] = self.execute(

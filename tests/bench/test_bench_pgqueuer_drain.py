@@ -87,6 +87,9 @@ def test_our_rows_and_what_they_hold_in_flight() -> None:
     assert [row.in_flight for row in rows] == ["4", "16", "200", "200", "16", "16", "32", "32"]
     assert len({row.key for row in rows}) == len(rows)
     assert len(drain.our_rows([2])) == 5  # no --prefetch rows unless asked
+    assert rows[5].options == [  # what the worker command is given
+        *("--processes", "2", "--pool", "thread", "--concurrency", "8", "--prefetch", "1024")
+    ]
 
 
 def test_prefetch_rows_are_asked_for_by_default() -> None:
